@@ -1,0 +1,197 @@
+"""Forward migrations: one function per schema version, applied in order.
+
+A database's ``PRAGMA user_version`` is the number of migrations applied to it.
+Each migration runs in its own ``BEGIN IMMEDIATE`` transaction, so two processes
+opening a new file at once cannot both apply it, and a crash mid-migration
+leaves the previous version intact. Never edit a released migration: add one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlite_utils import Database
+
+from db.schema import APPLICATION_ID
+from engine.errors import KvscopeError
+
+
+def _v1_initial(db: Database) -> None:
+    """Runs, requests, step summaries, generic events, kernels, GPU samples, page maps."""
+    db["runs"].create(
+        {
+            "id": int,
+            "kind": str,
+            "model": str,
+            "config": str,  # JSON
+            "hardware": str,  # JSON
+            "versions": str,  # JSON
+            "status": str,
+            "started_at": float,  # time.time() at the start
+            "start_ns": int,  # monotonic clock at the start: events' ts_ns origin
+            "ended_at": float,
+            "events_written": int,
+            "dropped_events": int,
+        },
+        pk="id",
+        not_null=["kind", "status", "started_at", "start_ns"],
+        defaults={"events_written": 0, "dropped_events": 0},
+    )
+    run_fk = [("run_id", "runs", "id")]
+    db["requests"].create(
+        {
+            "run_id": int,
+            "request_id": int,
+            "arrival_ns": int,
+            "prompt_tokens": int,
+            "max_tokens": int,
+            "scheduled_ns": int,
+            "first_token_ns": int,
+            "finished_ns": int,
+            "output_tokens": int,
+            "cached_tokens": int,
+            "finish_reason": str,
+            "ttft_s": float,
+            "tpot_s": float,
+            "preemptions": int,
+            "rejected_reason": str,
+        },
+        pk=("run_id", "request_id"),
+        foreign_keys=run_fk,
+        defaults={"preemptions": 0},
+    )
+    db["steps"].create(
+        {"run_id": int, "step": int, "ts_ns": int}
+        | {name: int for name in _V1_STEP_COUNTERS}
+        | {"duration_s": float},
+        pk=("run_id", "step"),
+        foreign_keys=run_fk,
+    )
+    db["steps"].create_index(["run_id", "ts_ns"])
+    db["events"].create(
+        {
+            "id": int,
+            "run_id": int,
+            "ts_ns": int,
+            "step": int,
+            "kind": str,
+            "request_id": int,
+            "payload": str,  # JSON of the event's own fields
+        },
+        pk="id",
+        foreign_keys=run_fk,
+    )
+    db["events"].create_index(["run_id", "kind", "ts_ns"])
+    db["events"].create_index(["run_id", "ts_ns"])
+    db["kernels"].create(
+        {
+            "run_id": int,
+            "ts_ns": int,
+            "step": int,
+            "name": str,
+            "shape": str,
+            "seconds": float,
+            "flops": float,
+            "bytes": float,
+        },
+        foreign_keys=run_fk,
+    )
+    db["kernels"].create_index(["run_id", "ts_ns"])
+    db["gpu_samples"].create(
+        {
+            "run_id": int,
+            "ts_ns": int,
+            "step": int,
+            "device": int,
+            "utilization_pct": float,
+            "memory_used_bytes": int,
+            "memory_total_bytes": int,
+            "power_w": float,
+            "sm_clock_mhz": float,
+            "torch_allocated_bytes": int,
+        },
+        foreign_keys=run_fk,
+    )
+    db["gpu_samples"].create_index(["run_id", "ts_ns"])
+    db["page_maps"].create(
+        {
+            "id": int,
+            "run_id": int,
+            "ts_ns": int,
+            "step": int,
+            "num_pages": int,
+            "pages_owned": int,
+            "pages_cached": int,
+            "pages_free": int,
+            "pages_evicted": int,
+            "owners": bytes,  # zlib of little-endian int32 owners
+        },
+        pk="id",
+        foreign_keys=run_fk,
+    )
+    db["page_maps"].create_index(["run_id", "step"])
+
+
+_V1_STEP_COUNTERS = (
+    "batch_size",
+    "prefill_tokens",
+    "decode_tokens",
+    "running",
+    "waiting",
+    "pages_total",
+    "pages_used",
+    "pages_cached",
+    "pages_free",
+    "page_size",
+    "tokens_held",
+    "host_pages_used",
+)
+
+
+def _v2_liveness_and_metrics(db: Database) -> None:
+    """Writer liveness (heartbeat, pid, host) so readers can tell a dead run from
+    a live one, and a table of a run's final figures for outside tools."""
+    runs = db["runs"]
+    runs.add_column("heartbeat", float)  # time.time() of the writer's last flush
+    runs.add_column("writer_pid", int)
+    runs.add_column("writer_host", str)
+    db["metrics"].create(
+        {"run_id": int, "name": str, "value": float},
+        pk=("run_id", "name"),
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+
+
+MIGRATIONS: tuple[Callable[[Database], None], ...] = (_v1_initial, _v2_liveness_and_metrics)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def schema_version(db: Database) -> int:
+    return db.execute("PRAGMA user_version").fetchone()[0]
+
+
+def migrate(db: Database, target: int = SCHEMA_VERSION) -> int:
+    """Apply the migrations a database lacks, up to ``target``; returns its version.
+
+    Raises KvscopeError for a database written by a newer kvscope.
+    """
+    current = schema_version(db)
+    if current > SCHEMA_VERSION:
+        raise KvscopeError(
+            f"database schema version {current} is newer than this kvscope's "
+            f"({SCHEMA_VERSION}); upgrade kvscope"
+        )
+    while current < target:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            current = schema_version(db)  # another process may have migrated meanwhile
+            if current < target:
+                MIGRATIONS[current](db)
+                current += 1
+                db.execute(f"PRAGMA user_version = {current}")
+                db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.conn.rollback()
+            raise
+    return current

@@ -1,0 +1,78 @@
+"""Opening a kvscope database: the one place that turns a path into a handle.
+
+``open_db`` creates or migrates the file, switches it to WAL (readers never
+block the writer) and turns every way a path can be wrong into one
+``KvscopeError`` line, so no caller ever shows a user a sqlite3 traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+from sqlite_utils import Database
+
+from db.migrations import migrate
+from db.schema import APPLICATION_ID
+from engine.errors import KvscopeError
+
+# Readers and the writer wait this long for a lock before failing; in WAL mode
+# only checkpoints and migrations take one.
+BUSY_TIMEOUT_S = 5.0
+
+# Engine code hands numpy scalars around; let sqlite3 bind them as Python numbers.
+for _type in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64):
+    sqlite3.register_adapter(_type, int)
+for _type in (np.float16, np.float32, np.float64):
+    sqlite3.register_adapter(_type, float)
+sqlite3.register_adapter(np.bool_, bool)
+
+
+def default_db_path() -> Path:
+    """Where commands read and write when no ``--db`` is given: $KVSCOPE_DB or ./kvscope.db."""
+    return Path(os.environ.get("KVSCOPE_DB", "kvscope.db"))
+
+
+def open_db(path: str | os.PathLike[str], *, create: bool = True) -> Database:
+    """Open a kvscope database, creating it (``create=True``) and migrating it.
+
+    The handle's connection may be moved to another thread (the recorder's
+    writer) but must be used by one thread at a time. Raises ``KvscopeError``
+    for a missing file (``create=False``), a directory, a path that cannot be
+    opened or written, a file that is not SQLite, an SQLite file of another
+    application, or a schema newer than this code.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise KvscopeError(f"database path {path} is a directory, not a file")
+    if not create and not path.exists():
+        raise KvscopeError(f"no database at {path}")
+    try:
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise KvscopeError(
+            f"cannot open database {path}: {exc} (does its directory exist and is it writable?)"
+        ) from None
+    try:
+        db = Database(conn, execute_plugins=False)
+        _check_application(db, path)
+        db.execute("PRAGMA journal_mode = wal")
+        db.execute("PRAGMA synchronous = normal")  # WAL + normal: a crash loses no commit
+        migrate(db)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise KvscopeError(f"cannot use {path} as a kvscope database: {exc}") from None
+    except KvscopeError as exc:
+        conn.close()
+        raise KvscopeError(f"{path}: {exc}") from None
+    return db
+
+
+def _check_application(db: Database, path: Path) -> None:
+    app_id = db.execute("PRAGMA application_id").fetchone()[0]
+    if app_id == APPLICATION_ID:
+        return
+    if app_id != 0 or db.table_names():
+        raise KvscopeError("an SQLite database of another application, not a kvscope database")
