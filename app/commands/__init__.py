@@ -1,0 +1,1 @@
+"""One module per ``kvscope`` subcommand; each exposes ``register(subparsers)``."""

@@ -1,0 +1,274 @@
+"""The engine: requests in, tokens out, every KV-cache decision on the event bus.
+
+``Engine.add_request`` validates and queues; ``Engine.step`` schedules one
+batch, runs the model once and samples; ``generate`` and ``stream`` loop over
+steps. A bad request is refused with a ``RequestError`` (and a
+``RequestRejected`` event) while the others keep running.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from engine.engine_config import EngineConfig
+from engine.errors import KvscopeError, RequestError
+from engine.events import (
+    EventBus,
+    FirstToken,
+    RequestArrived,
+    RequestFinished,
+    RequestPreempted,
+    RequestRejected,
+    RequestScheduled,
+    StepSummary,
+    KernelTiming,
+    now_ns,
+)
+from engine.kv_manager import KVCacheManager
+from engine.kv_storage import KVStorage
+from engine.loader import LoadedModel, load_model
+from engine.model import DecoderModel
+from engine.request import Request, Status
+from engine.runner import ModelRunner
+from engine.sampler import SamplingParams, sample
+from engine.scheduler import Scheduler
+from engine.sizing import kv_bytes_per_token
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: int
+    prompt: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    finished: bool
+    new_token_ids: list[int]
+
+
+def device_memory_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def kv_budget(config: EngineConfig, weight_bytes: int) -> int:
+    """Bytes for KV pages: the explicit budget, or a fraction of device memory less weights and reserve."""
+    if config.kv_budget_bytes is not None:
+        return config.kv_budget_bytes
+    total = device_memory_bytes(config.device) * config.memory_fraction
+    budget = int(total - weight_bytes - config.reserve_bytes)
+    if budget <= 0:
+        raise KvscopeError(
+            f"no memory left for the KV cache: {total / 2**30:.2f} GiB x fraction minus "
+            f"{weight_bytes / 2**30:.2f} GiB weights and {config.reserve_bytes / 2**30:.2f} GiB reserve"
+        )
+    return budget
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None, bus: EventBus | None = None, loaded: LoadedModel | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.bus = bus or EventBus()
+        self.loaded = loaded or load_model(self.config.model)
+        self.codec = self.loaded.codec
+        mcfg = self.loaded.config
+        self.model_config = mcfg
+        self.model = DecoderModel(mcfg, self.loaded.weights)
+        self.bytes_per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.config.kv_dtype)
+        self.kv_budget_bytes = kv_budget(self.config, self.model.weight_bytes)
+        page_bytes = self.bytes_per_token * self.config.page_size
+        num_pages = int(self.kv_budget_bytes // page_bytes)
+        if num_pages < 2:
+            raise KvscopeError(
+                f"KV budget of {self.kv_budget_bytes} bytes holds {num_pages} pages of {page_bytes:.0f} bytes; raise --kv-budget"
+            )
+        self.num_pages = num_pages
+        self.kv = KVCacheManager(num_pages, self.config.page_size, self.bus)
+        self.storage = KVStorage(mcfg.num_layers, num_pages, self.config.page_size, mcfg.num_kv_heads, mcfg.head_dim)
+        self.runner = ModelRunner(self.model, self.storage, backend="torch")
+        self.runner.kernel_sink = self._on_kernel
+        self.scheduler = Scheduler(self.config, self.kv)
+        self.step_count = 0
+        self._next_id = 0
+        self.requests: dict[int, Request] = {}
+        self.total_output_tokens = 0
+
+    # --- requests -----------------------------------------------------------
+
+    @property
+    def max_request_tokens(self) -> int:
+        """Longest sequence one request may reach: the model's context and the whole KV pool."""
+        return min(self.model_config.max_position, self.num_pages * self.config.page_size)
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, chat: bool = False) -> int:
+        """Queue a request; returns its id. Raises ``RequestError`` (and emits a rejection) if it cannot run."""
+        params = params or SamplingParams()
+        rid = self._next_id
+        self._next_id += 1
+        try:
+            if isinstance(prompt, str):
+                text = self.codec.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
+                ids = self.codec.encode(text)
+            else:
+                ids = list(prompt)
+                if any(not 0 <= t < self.model_config.vocab_size for t in ids):
+                    raise RequestError("prompt token id out of the vocabulary's range")
+            if not ids:
+                raise RequestError("empty prompt")
+            if len(ids) >= self.model_config.max_position:
+                raise RequestError(
+                    f"prompt of {len(ids)} tokens does not fit the model's context of {self.model_config.max_position}"
+                )
+            if len(ids) + 1 > self.num_pages * self.config.page_size:
+                raise RequestError(
+                    f"prompt of {len(ids)} tokens needs more than the whole KV budget "
+                    f"({self.num_pages} pages x {self.config.page_size} tokens)"
+                )
+        except RequestError as exc:
+            if self.bus.active:
+                self.bus.emit(RequestRejected(now_ns(), self.step_count, rid, str(exc)))
+            raise
+        req = Request(
+            request_id=rid,
+            prompt_ids=ids,
+            params=params,
+            arrival_ns=now_ns(),
+            prompt=prompt if isinstance(prompt, str) else "",
+            max_len=self.max_request_tokens,
+        )
+        if not params.greedy:
+            req.generator = torch.Generator().manual_seed(params.seed if params.seed is not None else rid)
+        self.requests[rid] = req
+        self.scheduler.add(req)
+        if self.bus.active:
+            self.bus.emit(RequestArrived(req.arrival_ns, self.step_count, rid, len(ids), params.max_tokens))
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # --- stepping -----------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, sample; returns outputs of requests that got tokens."""
+        t0 = time.perf_counter()
+        self.kv.step = self.step_count
+        batch = self.scheduler.schedule()
+        emit = self.bus.active
+        for victim in batch.preempted:
+            if emit:
+                self.bus.emit(RequestPreempted(now_ns(), self.step_count, victim.request_id, self.config.preemption, 0))
+        outputs: list[RequestOutput] = []
+        prefill = 0
+        if batch.requests:
+            now = now_ns()
+            for req in batch.requests:
+                if req.scheduled_ns is None:
+                    req.scheduled_ns = now
+                    if emit:
+                        self.bus.emit(RequestScheduled(now, self.step_count, req.request_id, req.num_cached))
+            inputs = self.runner.prepare(batch.requests, batch.num_new)
+            logits = self.runner.execute(inputs)
+            for req, n in zip(batch.requests, batch.num_new, strict=True):
+                if req.in_prefill:
+                    prefill += n
+                req.num_computed += n
+            if inputs.sampling:
+                tokens = sample(logits, [r.params for r in inputs.sampling], [r.generator for r in inputs.sampling])
+                for req, tok in zip(inputs.sampling, tokens, strict=True):
+                    outputs.append(self._append_token(req, tok))
+        if emit:
+            self._emit_step(len(batch.requests), prefill, batch.num_tokens - prefill, time.perf_counter() - t0)
+        self.step_count += 1
+        return outputs
+
+    def _append_token(self, req: Request, token: int) -> RequestOutput:
+        now = now_ns()
+        req.output_ids.append(token)
+        self.total_output_tokens += 1
+        if req.first_token_ns is None:
+            req.first_token_ns = now
+            if self.bus.active:
+                self.bus.emit(FirstToken(now, self.step_count, req.request_id, (now - req.arrival_ns) / 1e9))
+        p = req.params
+        reason = None
+        cut = None
+        if not p.ignore_eos and token in self.codec.eos_token_ids or token in p.stop_token_ids:
+            reason = "stop"
+        elif p.stop:
+            text = self.codec.decode(req.output_ids)
+            hits = [text.find(s) for s in p.stop if s in text]
+            if hits:
+                reason, cut = "stop", min(hits)
+        if reason is None and (len(req.output_ids) >= p.max_tokens or req.num_tokens >= req.max_len):
+            reason = "length"
+        if reason is not None:
+            req.text = self.codec.decode(req.output_ids)[:cut] if cut is not None else self.codec.decode(req.output_ids)
+            self._finish(req, reason)
+        return RequestOutput(req.request_id, req.prompt, req.text, list(req.output_ids), req.finish_reason, req.is_finished, [token])
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        req.finish_ns = now_ns()
+        self.scheduler.finish(req)
+        self.kv.release(req)
+        if self.bus.active:
+            ttft = (req.first_token_ns - req.arrival_ns) / 1e9 if req.first_token_ns else 0.0
+            n = len(req.output_ids)
+            tpot = (req.finish_ns - req.first_token_ns) / 1e9 / (n - 1) if n > 1 and req.first_token_ns else 0.0
+            self.bus.emit(
+                RequestFinished(
+                    req.finish_ns, self.step_count, req.request_id, len(req.prompt_ids), n, req.num_cached, reason, ttft, tpot
+                )
+            )
+
+    def _emit_step(self, batch_size: int, prefill: int, decode: int, seconds: float) -> None:
+        pool = self.kv.pool
+        if self.step_count % self.config.page_map_every == 0:
+            self.kv.emit_page_map()
+        self.bus.emit(
+            StepSummary(
+                now_ns(),
+                self.step_count,
+                batch_size=batch_size,
+                prefill_tokens=prefill,
+                decode_tokens=decode,
+                running=len(self.scheduler.running),
+                waiting=len(self.scheduler.waiting),
+                pages_total=pool.num_pages,
+                pages_used=pool.num_used,
+                pages_cached=0,
+                pages_free=pool.num_free,
+                page_size=pool.page_size,
+                tokens_held=self.kv.tokens_held,
+                host_pages_used=0,
+                duration_s=seconds,
+            )
+        )
+
+    def _on_kernel(self, name: str, shape: str, seconds: float, flops: float, nbytes: float) -> None:
+        if self.bus.active:
+            self.bus.emit(KernelTiming(now_ns(), self.step_count, name, shape, seconds, flops, nbytes))
+
+    # --- convenience ----------------------------------------------------------
+
+    def stream(self) -> Iterator[RequestOutput]:
+        """Step until every queued request finishes, yielding each new token's output."""
+        while self.has_unfinished():
+            yield from self.step()
+
+    def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams | None = None, chat: bool = False) -> list[RequestOutput]:
+        """Run all prompts as one continuous batch; outputs in input order."""
+        ids = [self.add_request(p, params, chat=chat) for p in prompts]
+        final: dict[int, RequestOutput] = {}
+        for out in self.stream():
+            if out.finished:
+                final[out.request_id] = out
+        return [final[i] for i in ids]

