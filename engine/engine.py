@@ -259,6 +259,31 @@ class Engine:
 
     # --- convenience ----------------------------------------------------------
 
+    def score(self, token_ids: list[int], chunk: int = 512) -> torch.Tensor:
+        """Logits at every position of ``token_ids`` [n, vocab], computed through the paged cache.
+
+        The sequence is fed in chunks, each attending to the K/V the previous
+        chunks left in the pages, so this measures exactly what the cache (and
+        its KV dtype) gives back: perplexity and KL evaluations use it.
+        """
+        if self.scheduler.has_work():
+            raise KvscopeError("score() needs an idle engine")
+        if len(token_ids) > self.max_request_tokens:
+            raise RequestError(f"{len(token_ids)} tokens exceed what one request may hold ({self.max_request_tokens})")
+        req = Request(-1, list(token_ids), SamplingParams(max_tokens=1), now_ns(), max_len=self.max_request_tokens)
+        parts = []
+        try:
+            while req.num_computed < len(token_ids):
+                n = min(chunk, len(token_ids) - req.num_computed)
+                self.kv.grow(req, req.num_computed + n)
+                inputs = self.runner.prepare([req], [n])
+                rows = torch.arange(len(inputs.token_ids))
+                parts.append(self.runner.execute_rows(inputs, rows))
+                req.num_computed += n
+        finally:
+            self.kv.release(req)
+        return torch.cat(parts)
+
     def stream(self) -> Iterator[RequestOutput]:
         """Step until every queued request finishes, yielding each new token's output."""
         while self.has_unfinished():

@@ -93,6 +93,10 @@ class ModelRunner:
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Run the model; returns logits for ``inputs.sampling`` in order."""
+        return self.execute_rows(inputs, inputs.logits_rows)
+
+    def execute_rows(self, inputs: StepInputs, logits_rows: torch.Tensor) -> torch.Tensor:
+        """Run the model; returns logits for the given rows of the flat batch."""
         storage = self.storage
         meta = inputs.meta
         timed = self.kernel_sink is not None
@@ -107,7 +111,7 @@ class ModelRunner:
                 spent += time.perf_counter() - t0
             return out
 
-        logits = self.model.forward(inputs.token_ids, inputs.positions, attend, inputs.logits_rows)
+        logits = self.model.forward(inputs.token_ids, inputs.positions, attend, logits_rows)
         if timed:
             cfg = self.model.config
             flops, nbytes = attention_cost(meta, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, storage.pages.element_size())

@@ -1,0 +1,46 @@
+"""Shared fixtures: the real model loaded once, and the transformers oracle loaded once.
+
+Loading transformers' GGUF path costs about half a minute here, so everything
+that compares against it shares one session-scoped instance.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def loaded():
+    from engine.loader import load_model
+
+    return load_model()
+
+
+@pytest.fixture(scope="session")
+def make_engine(loaded):
+    """Build engines that share the loaded weights (each has its own KV cache)."""
+    from engine.engine import Engine
+    from engine.engine_config import EngineConfig
+
+    def build(**overrides):
+        return Engine(EngineConfig(**overrides), loaded=loaded)
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def oracle(loaded):
+    """transformers' model on the same GGUF file: the reference for greedy output."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.loader import default_model_path
+
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model.eval()
+    return model
