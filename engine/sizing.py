@@ -1,14 +1,22 @@
 """KV-cache sizing math shared by the engine (page pool size) and ``kvscope calc``.
 
 bytes per token = 2 (K and V) x kv_heads x head_dim x layers x bytes per element,
-where quantized formats also pay for their scales. Units: bytes; GiB = 2**30.
+where quantized formats also pay for their scales. The KV budget is what a device
+has left after weights, framework overhead and activations; how many requests fit
+in it depends on how many tokens each holds on average. Units: bytes; GiB = 2**30.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from engine.config import ModelConfig
+from engine.errors import KvscopeError
 
 GIB = 1 << 30
+MIB = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +57,156 @@ def kv_format(name: str) -> KVFormat:
     try:
         return KV_FORMATS[name]
     except KeyError:
-        from engine.errors import KvscopeError
-
         raise KvscopeError(
             f"unknown KV dtype {name!r}; choose one of {', '.join(KV_FORMATS)}"
         ) from None
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str = "fp16") -> float:
+def kv_bytes_per_token(
+    num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str = "fp16"
+) -> float:
     """Bytes of K and V one token occupies across all layers, scales included."""
     return 2 * num_kv_heads * num_layers * kv_format(kv_dtype).bytes_per_head_vector(head_dim)
+
+
+# Bytes per parameter for the weights; int4 ignores its small per-group scales.
+WEIGHT_BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What KV sizing needs of a model; explicit command-line shapes give no more."""
+
+    name: str
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    params: int | None = None
+    context_len: int | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("layers", "q_heads", "kv_heads", "head_dim"):
+            if getattr(self, field) < 1:
+                raise KvscopeError(f"{field} must be a positive integer")
+        if self.q_heads % self.kv_heads:
+            raise KvscopeError(
+                f"{self.q_heads} query heads do not split into groups for {self.kv_heads} KV heads"
+            )
+
+    @property
+    def kv_width(self) -> int:
+        """One layer's K (or V) width per token: D_model / GQA group size."""
+        return self.kv_heads * self.head_dim
+
+    def bytes_per_token(self, kv_dtype: str = "fp16") -> float:
+        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, kv_dtype)
+
+    def kv_head_variants(self) -> dict[str, ModelShape]:
+        """The same model with one KV head per query head (MHA), its own (GQA), and one (MQA)."""
+        return {
+            "MHA": replace(self, kv_heads=self.q_heads),
+            "GQA": self,
+            "MQA": replace(self, kv_heads=1),
+        }
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, params: int | None = None) -> ModelShape:
+        return cls(
+            config.name,
+            config.num_layers,
+            config.num_q_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            params or config.num_params,
+            config.max_position,
+        )
+
+    @classmethod
+    def from_hf_config(cls, path: str | Path) -> ModelShape:
+        """A Hugging Face ``config.json``; parameters are counted from the shapes it lists."""
+        return cls.from_config(ModelConfig.from_hf_config(path))
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> ModelShape:
+        """A GGUF file's metadata; parameters are counted from its tensors (tied or not)."""
+        from engine.gguf_file import open_gguf, read_fields
+
+        path = Path(path)
+        reader = open_gguf(path)
+        config = ModelConfig.from_gguf_fields(read_fields(reader), name=path.stem)
+        return cls.from_config(config, sum(int(t.n_elements) for t in reader.tensors))
+
+
+def weight_bytes(params: int, weight_dtype: str = "fp16") -> float:
+    """2P bytes at fp16/bf16, P at int8, P/2 at int4."""
+    try:
+        return params * WEIGHT_BYTES_PER_PARAM[weight_dtype]
+    except KeyError:
+        raise KvscopeError(
+            f"unknown weight dtype {weight_dtype!r}; choose one of "
+            f"{', '.join(WEIGHT_BYTES_PER_PARAM)}"
+        ) from None
+
+
+def avg_tokens_held(input_tokens: int, output_tokens: int) -> float:
+    """Tokens a request holds on average over its life: decode grows from 0 to output."""
+    return input_tokens + output_tokens / 2
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    """A device's memory and what is spent before the KV cache gets any."""
+
+    memory_bytes: float
+    weight_bytes: float
+    overhead_bytes: float = 1.5 * GIB
+    activation_bytes: float = 0.0
+
+    @property
+    def spare_bytes(self) -> float:
+        """Memory after weights, overhead and activations; negative when they do not fit."""
+        return self.memory_bytes - self.weight_bytes - self.overhead_bytes - self.activation_bytes
+
+    @property
+    def kv_bytes(self) -> float:
+        return max(0.0, self.spare_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class KVCapacity:
+    """How much of a workload a KV budget holds, for one bytes-per-token figure."""
+
+    kv_bytes_per_token: float
+    kv_bytes_per_request: float
+    max_avg_batch: int
+    max_batch_max_reservation: int
+    tokens_in_budget: int
+
+
+def kv_capacity(
+    budget_bytes: float, bytes_per_token: float, avg_tokens: float, max_model_len: int
+) -> KVCapacity:
+    """Batches that fit: on average tokens held, and when each request reserves max length."""
+    per_request = bytes_per_token * avg_tokens
+    return KVCapacity(
+        kv_bytes_per_token=bytes_per_token,
+        kv_bytes_per_request=per_request,
+        max_avg_batch=math.floor(budget_bytes / per_request),
+        max_batch_max_reservation=math.floor(budget_bytes / (bytes_per_token * max_model_len)),
+        tokens_in_budget=math.floor(budget_bytes / bytes_per_token),
+    )
+
+
+def recompute_over_load(
+    params: float, kv_bytes_per_token: float, pcie_gbps: float, tflops: float
+) -> float:
+    """T_recompute / T_load for one token's KV cache.
+
+    Recomputing costs a forward pass, 2P FLOPs per token; reloading moves the
+    token's K and V over PCIe. Equals (bandwidth x P) / (dtype x kv_width x L x compute).
+    Above 1, reloading from host memory beats recomputing.
+    """
+    recompute_s = 2 * params / (tflops * 1e12)
+    load_s = kv_bytes_per_token / (pcie_gbps * 1e9)
+    return recompute_s / load_s
