@@ -81,8 +81,8 @@ def _v1_initial(db: Database) -> None:
         pk="id",
         foreign_keys=run_fk,
     )
+    # One index: every reader filters events by kind; each index costs the writer.
     db["events"].create_index(["run_id", "kind", "ts_ns"])
-    db["events"].create_index(["run_id", "ts_ns"])
     db["kernels"].create(
         {
             "run_id": int,

@@ -60,4 +60,3 @@ PAGE_MAP_COLUMNS = (
     "pages_evicted",
     "owners",
 )
-EVENT_COLUMNS = ("ts_ns", "step", "kind", "request_id", "payload")

@@ -29,7 +29,7 @@ from db.formulas import RunSummary
 from db.queries import run_summary
 from db.schema import COMPLETE, FAILED, GPU_COLUMNS, INTERRUPTED, KERNEL_COLUMNS, STEP_COLUMNS
 from db.store import open_db
-from db.writer import Batch, Writer, create_run
+from db.writer import Batch, EventShape, Writer, create_run
 from engine.events import (
     PAGE_CACHED,
     PAGE_EVICTED,
@@ -119,22 +119,28 @@ _REQUEST_UPDATES: dict[type[Event], tuple[str, Callable[[Any], tuple]]] = {
 
 
 def _generic(cls: type[Event]) -> Converter:
-    """Rows of the events table: the event's own fields as a JSON payload."""
-    kind = cls.kind
-    # dataclasses.fields() leaves out the ClassVar ``kind`` that __dataclass_fields__ lists.
-    names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("ts_ns", "step"))
-    get = attrgetter("ts_ns", "step", *names)
-    has_request = "request_id" in names
+    """Rows of the events table: the event's own fields, which SQLite turns into a
+    JSON payload; tuple and array fields travel as JSON text."""
+    own = [f for f in dataclasses.fields(cls) if f.name not in ("ts_ns", "step")]
+    shape = EventShape(
+        cls.kind,
+        tuple(f.name for f in own),
+        frozenset(f.name for f in own if "tuple" in str(f.type) or "ndarray" in str(f.type)),
+    )
+    get = attrgetter("ts_ns", "step", *shape.fields)
+    json_positions = [i for i, name in enumerate(shape.fields, 2) if name in shape.json_fields]
     update = _REQUEST_UPDATES.get(cls)
 
     def convert(events: list[Event], batch: Batch) -> None:
-        rows = batch.events
-        for event in events:
-            values = get(event)
-            payload = _encode(dict(zip(names, values[2:], strict=True)))
-            rows.append(
-                (values[0], values[1], kind, event.request_id if has_request else None, payload)
-            )
+        rows = batch.events.setdefault(shape, [])
+        if json_positions:
+            for event in events:
+                values = list(get(event))
+                for i in json_positions:
+                    values[i] = _encode(values[i])
+                rows.append(values)
+        else:
+            rows.extend(map(get, events))
         if update is not None:
             getattr(batch, update[0]).extend(map(update[1], events))
 

@@ -10,8 +10,10 @@ for a given seed.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +24,7 @@ from engine.events import (
     BlockStored,
     ChunkScheduled,
     Event,
+    EventBus,
     FirstToken,
     GpuSample,
     KernelTiming,
@@ -39,6 +42,7 @@ from engine.events import (
     RequestScheduled,
     StepSummary,
 )
+from profiler.recorder import Recorder
 
 
 @dataclass(slots=True)
@@ -293,3 +297,23 @@ class SyntheticRun:
                     )
                 )
                 self.truth.kernel_calls[name] = self.truth.kernel_calls.get(name, 0) + 1
+
+
+def record_synthetic(
+    db_path: str | os.PathLike[str],
+    config: dict[str, Any] | None = None,
+    status: str = "complete",
+    **params: Any,
+) -> tuple[int, SyntheticRun]:
+    """Record a synthetic run through the real Recorder and EventBus; returns
+    (run id, the run). ``params`` go to SyntheticRun."""
+    recorder = Recorder(db_path, config or {"synthetic": True, **params}, "synthetic", "synthetic")
+    bus = EventBus()
+    unsubscribe = bus.subscribe(recorder.on_event)
+    recorder.start()
+    run = SyntheticRun(recorder.start_ns, **params)
+    for event in run.events:
+        bus.emit(event)
+    unsubscribe()
+    recorder.finish(status)
+    return recorder.run_id, run
