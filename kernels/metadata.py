@@ -84,7 +84,7 @@ class AttentionMetadata:
         page_size: int,
     ) -> AttentionMetadata:
         """Wrap an existing CSR page table, deriving the host-side lengths from it."""
-        cu, indptr = cu_seqlens_q.tolist(), kv_indptr.tolist()
+        pages = kv_indptr.diff().tolist()
         last = kv_last_page_len.tolist()
         return cls(
             cu_seqlens_q=cu_seqlens_q,
@@ -92,6 +92,6 @@ class AttentionMetadata:
             kv_indices=kv_indices,
             kv_last_page_len=kv_last_page_len,
             page_size=page_size,
-            query_lens=[b - a for a, b in zip(cu, cu[1:])],
-            kv_lens=[(b - a - 1) * page_size + n for a, b, n in zip(indptr, indptr[1:], last)],
+            query_lens=cu_seqlens_q.diff().tolist(),
+            kv_lens=[(p - 1) * page_size + n for p, n in zip(pages, last, strict=True)],
         )

@@ -20,7 +20,9 @@ from kernels.metadata import AttentionMetadata
 from kernels.torch_sdpa import sdpa_one
 
 
-def _decode_gather_index(meta: AttentionMetadata, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _decode_gather_index(
+    meta: AttentionMetadata, rows: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Padded page ids [B, max_pages] and key mask [B, 1, 1, max_pages*page_size]."""
     indptr = meta.kv_indptr.tolist()
     counts = [indptr[r + 1] - indptr[r] for r in rows]
@@ -102,7 +104,9 @@ def paged_attention_torch(
     cu = meta.cache.setdefault("cu_host", meta.cu_seqlens_q.tolist())
     if decode_rows:
         token_rows = torch.tensor([cu[r] for r in decode_rows], device=q.device)
-        out[token_rows] = _decode(q[token_rows], kv_pages, scales, kv_format, meta, decode_rows, scale)
+        out[token_rows] = _decode(
+            q[token_rows], kv_pages, scales, kv_format, meta, decode_rows, scale
+        )
     indptr = meta.cache.setdefault("indptr_host", meta.kv_indptr.tolist())
     num_kv_heads, head_dim = kv_pages.shape[3], q.shape[-1]
     for r in prefill_rows:
