@@ -1,0 +1,76 @@
+"""``kvscope runs``: list the runs a database holds, newest first.
+
+A run whose status is still 'running' but whose writer is gone (killed,
+crashed) reads as 'incomplete'. ``--json`` prints one JSON array.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import PurePath
+
+from db.queries import list_runs
+from db.store import default_db_path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("runs", help="list the runs recorded in a database", description=__doc__)
+    p.add_argument(
+        "--db",
+        default=None,
+        metavar="PATH",
+        help="SQLite database to read (default ./kvscope.db, or $KVSCOPE_DB)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON array of runs (with config, hardware and versions)",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    path = args.db or str(default_db_path())
+    runs = list_runs(path)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in runs], indent=1))
+        return 0
+    if not runs:
+        print(f"no runs in {path}")
+        return 0
+    header = (
+        "RUN",
+        "KIND",
+        "MODEL",
+        "STATUS",
+        "STARTED",
+        "DURATION",
+        "REQUESTS",
+        "STEPS",
+        "EVENTS",
+        "DROPPED",
+    )
+    rows = [
+        (
+            str(r.run_id),
+            r.kind,
+            PurePath(r.model).name if r.model else "-",
+            r.status,
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at)),
+            f"{r.duration_s:.1f} s",
+            str(r.requests),
+            str(r.steps),
+            str(r.events_written),
+            str(r.dropped_events),
+        )
+        for r in runs
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    for row in (header, *rows):
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+    return 0
