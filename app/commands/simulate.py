@@ -1,0 +1,226 @@
+"""``kvscope simulate``: replay a trace through three KV allocators under one memory budget.
+
+Shows what paging buys over reserving the maximum length or growing by doubling:
+token-slot utilization, fragmentation, batch, copies and queueing, from
+``engine/alloc_sim``. ``--plot`` draws the timelines with plotly (HTML, or PNG
+through kaleido).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from app.commands.calc import format_table, human_bytes, non_negative, positive, positive_int
+from engine.alloc_sim import (
+    Allocator,
+    DoublingAllocator,
+    MaxReservationAllocator,
+    PagedAllocator,
+    SimResult,
+    replay,
+)
+from engine.errors import KvscopeError
+from engine.presets import MODELS, model_preset
+from engine.sizing import GIB, KV_FORMATS, ModelShape
+from engine.traces import DISTRIBUTIONS, generate_trace, read_trace
+
+PLOT_POINTS = 1000  # per series; enough for a smooth line, small enough for a light HTML file
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="compare max-reservation, doubling and paged KV allocation on a trace",
+        description=(
+            "Replay a request trace through three KV allocators under one budget. "
+            "Utilization = mean tokens held / mean slots reserved."
+        ),
+    )
+    trace = parser.add_argument_group("trace")
+    trace.add_argument("--trace", metavar="FILE", help="JSONL: prompt_len, output_len, arrival_s")
+    trace.add_argument("--distribution", choices=DISTRIBUTIONS, default="sharegpt")
+    trace.add_argument("--requests", type=positive_int, default=200)
+    trace.add_argument("--prompt-len", type=positive_int, default=512, help="fixed/uniform mean")
+    trace.add_argument("--output-len", type=positive_int, default=512, help="fixed/uniform mean")
+    trace.add_argument(
+        "--rate",
+        type=non_negative,
+        default=0.0,
+        help="Poisson arrivals per second (0: all at once)",
+    )
+    trace.add_argument("--seed", type=int, default=0)
+    memory = parser.add_argument_group("budget")
+    memory.add_argument("--budget-tokens", type=positive_int, help="KV budget in token slots")
+    memory.add_argument("--kv-gib", type=positive, help="KV budget in GiB (default 16384 slots)")
+    memory.add_argument(
+        "--preset",
+        default="llama3-8b",
+        help=f"model for bytes per token: {', '.join(MODELS)} (default llama3-8b)",
+    )
+    memory.add_argument("--kv-dtype", default="fp16", choices=list(KV_FORMATS))
+    memory.add_argument("--page-size", type=positive_int, default=16)
+    memory.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=2048,
+        help="what max reservation reserves per request; generated requests are clipped to it",
+    )
+    parser.add_argument(
+        "--step-ms", type=positive, default=25.0, help="one decode step, for arrivals"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--plot", metavar="FILE", help="write charts to FILE.html or FILE.png")
+    parser.set_defaults(handler=run)
+
+
+def _budget_slots(args: argparse.Namespace, bytes_per_token: float) -> int:
+    if args.budget_tokens and args.kv_gib:
+        raise KvscopeError("give --budget-tokens or --kv-gib, not both")
+    if args.kv_gib:
+        return int(args.kv_gib * GIB // bytes_per_token)
+    return args.budget_tokens or 16384
+
+
+def allocators(capacity: int, page_size: int, max_model_len: int) -> list[Allocator]:
+    """The three contenders, in the order they are reported."""
+    return [
+        MaxReservationAllocator(capacity, max_model_len),
+        DoublingAllocator(capacity),
+        PagedAllocator(capacity, page_size),
+    ]
+
+
+def simulate(args: argparse.Namespace) -> dict[str, SimResult]:
+    """Every allocator's result on the trace the flags describe, keyed by allocator name."""
+    if args.trace:
+        trace = read_trace(args.trace)
+    else:
+        trace = generate_trace(
+            args.distribution,
+            args.requests,
+            prompt_len=args.prompt_len,
+            output_len=args.output_len,
+            max_len=args.max_model_len,
+            rate=args.rate,
+            seed=args.seed,
+        )
+    per_token = ModelShape.from_config(model_preset(args.preset)).bytes_per_token(args.kv_dtype)
+    capacity = _budget_slots(args, per_token)
+    return {
+        a.name: replay(trace, a, step_s=args.step_ms / 1000, kv_bytes_per_token=per_token)
+        for a in allocators(capacity, args.page_size, args.max_model_len)
+    }
+
+
+_ROWS = (
+    ("token-slot utilization", "utilization", "pct"),
+    ("internal fragmentation", "internal_fragmentation", "pct"),
+    ("external fragmentation", "external_fragmentation", "pct"),
+    ("budget holding tokens", "memory_utilization", "pct"),
+    ("max batch", "max_batch", "int"),
+    ("mean batch", "mean_batch", "float"),
+    ("mean waiting", "mean_waiting", "float"),
+    ("max waiting", "max_waiting", "int"),
+    ("preemptions", "preemptions", "int"),
+    ("tokens recomputed", "recomputed_tokens", "int"),
+    ("bytes copied", "bytes_copied", "bytes"),
+    ("steps to finish", "steps", "int"),
+)
+
+
+def _cell(value: float, kind: str) -> str:
+    if kind == "pct":
+        return f"{100 * value:.1f}%"
+    if kind == "bytes":
+        return human_bytes(value)
+    return f"{value:,.1f}" if kind == "float" else f"{value:,}"
+
+
+def summary_table(results: dict[str, SimResult]) -> str:
+    rows = [
+        [label, *(_cell(getattr(r, field), kind) for r in results.values())]
+        for label, field, kind in _ROWS
+    ]
+    return format_table(rows, ["", *results])
+
+
+def _series(result: SimResult) -> list[tuple[str, list[float]]]:
+    t, capacity = result.timeline, result.capacity_slots
+    return [
+        (
+            "token-slot utilization (held / reserved)",
+            [h / r if r else 0.0 for h, r in zip(t.held, t.reserved, strict=True)],
+        ),
+        ("share of the budget holding tokens", [h / capacity for h in t.held]),
+        ("running batch", t.running),
+        ("requests waiting", t.waiting),
+    ]
+
+
+def figure(results: dict[str, SimResult], step_s: float) -> Any:
+    """Every allocator's timelines: utilization, budget held, batch, queue (a plotly Figure)."""
+    from plotly.subplots import make_subplots
+
+    titles = [title for title, _ in _series(next(iter(results.values())))]
+    fig = make_subplots(rows=2, cols=2, subplot_titles=titles)
+    colors = {"max_reservation": "#d62728", "doubling": "#ff7f0e", "paged": "#2ca02c"}
+    for name, result in results.items():
+        stride = max(1, result.steps // PLOT_POINTS)
+        x = [i * step_s for i in range(0, result.steps, stride)]
+        for n, (_, values) in enumerate(_series(result)):
+            fig.add_scatter(
+                x=x,
+                y=values[::stride],
+                name=f"{name} ({100 * result.utilization:.1f}%)",
+                legendgroup=name,
+                showlegend=n == 0,
+                line={"color": colors[name], "width": 1.5},
+                row=n // 2 + 1,
+                col=n % 2 + 1,
+            )
+    fig.update_xaxes(title_text="simulated time (s)")
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.02], row=1)
+    some = next(iter(results.values()))
+    fig.update_layout(
+        title=(
+            f"KV allocation of {some.requests} requests in {some.capacity_slots:,} token slots "
+            "(legend: mean token-slot utilization)"
+        ),
+        template="plotly_white",
+        width=1200,
+        height=760,
+        legend={"orientation": "h", "y": -0.12},
+    )
+    return fig
+
+
+def write_plot(fig: Any, path: str) -> None:
+    target = Path(path)
+    if target.suffix == ".png":
+        try:
+            fig.write_image(target, scale=1)
+        except (ImportError, ValueError, RuntimeError) as exc:
+            raise KvscopeError(f"cannot write PNG (is kaleido installed?): {exc}") from None
+    elif target.suffix in (".html", ".htm"):
+        fig.write_html(target, include_plotlyjs=True)
+    else:
+        raise KvscopeError(f"--plot writes .html or .png, not {target.name}")
+
+
+def run(args: argparse.Namespace) -> int:
+    results = simulate(args)
+    if args.plot:
+        write_plot(figure(results, args.step_ms / 1000), args.plot)
+    if args.json:
+        print(json.dumps({name: r.summary() for name, r in results.items()}, indent=2))
+    else:
+        some = next(iter(results.values()))
+        print(
+            f"{some.requests} requests, budget {some.capacity_slots:,} token slots, "
+            f"page size {args.page_size}, max length {args.max_model_len:,}\n"
+        )
+        print(summary_table(results))
+    return 0
