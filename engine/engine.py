@@ -24,13 +24,19 @@ from engine.events import (
     RequestFinished,
     RequestPreempted,
     RequestRejected,
+    ChunkScheduled,
+    KernelTiming,
+    RequestResumed,
     RequestScheduled,
     StepSummary,
-    KernelTiming,
     now_ns,
 )
 from engine.kv_manager import KVCacheManager
+from engine.cost_model import CPU_COPY_BYTES_PER_S, CPU_FLOPS, OffloadCost
+from engine.eviction import make_policy
+from engine.host_tier import HostTier
 from engine.kv_storage import KVStorage
+from engine.radix_cache import RadixCache
 from engine.loader import LoadedModel, load_model
 from engine.model import DecoderModel
 from engine.request import Request, Status
@@ -91,6 +97,18 @@ class Engine:
         self.num_pages = num_pages
         self.kv = KVCacheManager(num_pages, self.config.page_size, self.bus)
         self.storage = KVStorage(mcfg.num_layers, num_pages, self.config.page_size, mcfg.num_kv_heads, mcfg.head_dim)
+        self.offload_cost = OffloadCost(mcfg.num_params, self.bytes_per_token, CPU_FLOPS, CPU_COPY_BYTES_PER_S)
+        if self.config.offload != "never" or self.config.preemption == "swap":
+            slots = max(1, int(self.config.host_budget_bytes // page_bytes))
+            self.kv.host = HostTier(self.storage.pages, slots)
+        if self.config.prefix_cache:
+            self.kv.prefix = RadixCache(
+                self.kv.pool,
+                self.bus,
+                make_policy(self.config.eviction_policy),
+                self.kv.host,
+                should_offload=self._should_offload,
+            )
         self.runner = ModelRunner(self.model, self.storage, backend="torch")
         self.runner.kernel_sink = self._on_kernel
         self.scheduler = Scheduler(self.config, self.kv)
@@ -98,6 +116,10 @@ class Engine:
         self._next_id = 0
         self.requests: dict[int, Request] = {}
         self.total_output_tokens = 0
+
+    def _should_offload(self) -> bool:
+        mode = self.config.offload
+        return mode == "always" or (mode == "auto" and self.offload_cost.prefer_offload())
 
     # --- requests -----------------------------------------------------------
 
@@ -158,12 +180,14 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, sample; returns outputs of requests that got tokens."""
         t0 = time.perf_counter()
-        self.kv.step = self.step_count
+        self.kv.set_step(self.step_count)
         batch = self.scheduler.schedule()
         emit = self.bus.active
-        for victim in batch.preempted:
-            if emit:
-                self.bus.emit(RequestPreempted(now_ns(), self.step_count, victim.request_id, self.config.preemption, 0))
+        if emit:
+            for victim, mode in batch.preempted:
+                self.bus.emit(RequestPreempted(now_ns(), self.step_count, victim.request_id, mode, len(victim.host_slots)))
+            for req, mode in batch.resumed:
+                self.bus.emit(RequestResumed(now_ns(), self.step_count, req.request_id, mode))
         outputs: list[RequestOutput] = []
         prefill = 0
         if batch.requests:
@@ -178,7 +202,10 @@ class Engine:
             for req, n in zip(batch.requests, batch.num_new, strict=True):
                 if req.in_prefill:
                     prefill += n
+                    if emit and (n < len(req.prompt_ids) - req.num_computed or req.num_computed > req.num_cached):
+                        self.bus.emit(ChunkScheduled(now_ns(), self.step_count, req.request_id, req.num_computed, n))
                 req.num_computed += n
+                self.kv.offer(req)
             if inputs.sampling:
                 tokens = sample(logits, [r.params for r in inputs.sampling], [r.generator for r in inputs.sampling])
                 for req, tok in zip(inputs.sampling, tokens, strict=True):
@@ -244,11 +271,11 @@ class Engine:
                 waiting=len(self.scheduler.waiting),
                 pages_total=pool.num_pages,
                 pages_used=pool.num_used,
-                pages_cached=0,
+                pages_cached=self.kv.pages_cached,
                 pages_free=pool.num_free,
                 page_size=pool.page_size,
                 tokens_held=self.kv.tokens_held,
-                host_pages_used=0,
+                host_pages_used=self.kv.host_pages_used,
                 duration_s=seconds,
             )
         )

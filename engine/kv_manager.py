@@ -1,16 +1,29 @@
-"""KV-cache bookkeeping: which request holds which pages, and every change as an event.
+"""KV-cache bookkeeping: pages per request, the prefix cache, the host tier, and their events.
 
-The scheduler asks this manager for pages; the manager owns the ``PagePool``
-and emits ``PagesAllocated``/``PagesFreed`` so the profiler can replay page
-occupancy exactly. Token data itself lives in ``KVStorage`` (engine/kv_storage.py).
+The scheduler asks this manager for pages; the manager owns the ``PagePool``,
+the ``RadixCache`` (optional) and the ``HostTier`` (optional), and emits every
+change (pages allocated/freed, prefix lookups, swaps) so the profiler can
+replay page occupancy exactly. Token data itself lives in ``KVStorage``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine.events import PAGE_FREE, EventBus, PageMap, PagesAllocated, PagesFreed, now_ns
+from engine.events import (
+    PAGE_CACHED,
+    PAGE_EVICTED,
+    PAGE_FREE,
+    EventBus,
+    PageMap,
+    PagesAllocated,
+    PagesFreed,
+    PrefixLookup,
+    now_ns,
+)
+from engine.host_tier import HostTier
 from engine.page_pool import PagePool
+from engine.radix_cache import RadixCache
 from engine.request import Request
 
 
@@ -21,6 +34,16 @@ class KVCacheManager:
         self.bus = bus
         self.step = 0
         self.holders: dict[int, Request] = {}
+        self.prefix: RadixCache | None = None
+        self.host: HostTier | None = None
+        self.swapped: dict[int, Request] = {}
+
+    def set_step(self, step: int) -> None:
+        self.step = step
+        if self.prefix is not None:
+            self.prefix.step = step
+
+    # --- growth and release -----------------------------------------------------
 
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -30,6 +53,10 @@ class KVCacheManager:
 
     def can_grow(self, req: Request, num_tokens: int, reserve: int = 0) -> bool:
         return self.missing_pages(req, num_tokens) + reserve <= self.pool.num_free
+
+    def reclaim(self, n: int) -> int:
+        """Evict up to ``n`` cache-only pages (by the eviction policy); returns pages freed."""
+        return self.prefix.evict(n) if self.prefix is not None else 0
 
     def grow(self, req: Request, num_tokens: int) -> None:
         """Give ``req`` enough pages to hold ``num_tokens`` tokens."""
@@ -43,7 +70,8 @@ class KVCacheManager:
             self.bus.emit(PagesAllocated(now_ns(), self.step, req.request_id, tuple(pages)))
 
     def release(self, req: Request) -> None:
-        """Drop the request's references to its pages."""
+        """Drop the request's references to its pages (cached copies stay in the prefix cache)."""
+        req.cache_node, req.cached_pages = None, 0
         if not req.pages:
             return
         pages = req.pages
@@ -53,13 +81,94 @@ class KVCacheManager:
         if self.bus.active:
             self.bus.emit(PagesFreed(now_ns(), self.step, req.request_id, tuple(pages)))
 
+    # --- prefix cache -------------------------------------------------------------
+
+    def admit(self, req: Request) -> None:
+        """Start a request with no pages: take its longest cached prefix."""
+        if self.prefix is None:
+            return
+        tokens = req.token_ids()
+        pages, hit = self.prefix.match(tokens)
+        if req.scheduled_ns is None:
+            req.num_cached = hit
+        if self.bus.active:
+            self.bus.emit(PrefixLookup(now_ns(), self.step, req.request_id, len(tokens), hit))
+        if pages:
+            req.pages = pages
+            req.num_computed = hit
+            req.cached_pages = len(pages)
+            self.holders[req.request_id] = req
+            if self.bus.active:
+                self.bus.emit(PagesAllocated(now_ns(), self.step, req.request_id, tuple(pages)))
+
+    def offer(self, req: Request) -> None:
+        """Insert the request's newly completed full pages into the prefix cache."""
+        if self.prefix is None:
+            return
+        full = req.num_computed // self.page_size
+        if full > req.cached_pages:
+            tokens = req.token_ids()[: full * self.page_size]
+            req.cache_node = self.prefix.insert(tokens, req.pages, req.cache_node, req.cached_pages)
+            req.cached_pages = full
+
+    # --- swap preemption -------------------------------------------------------------
+
+    def can_swap_out(self, req: Request) -> bool:
+        return self.host is not None and self.host.num_free >= len(req.pages)
+
+    def swap_out(self, req: Request) -> None:
+        """Copy the request's pages to the host tier and release them on the device."""
+        req.host_slots = [self.host.store(p)[0] for p in req.pages]
+        self.swapped[req.request_id] = req
+        self.release(req)
+
+    def swap_in(self, req: Request) -> None:
+        """Bring a swapped-out request's pages back (the caller checked there is room)."""
+        pages = self.pool.allocate(len(req.host_slots))
+        for slot, page in zip(req.host_slots, pages, strict=True):
+            self.host.load(slot, page)
+        req.host_slots = []
+        self.swapped.pop(req.request_id, None)
+        req.pages = pages
+        self.holders[req.request_id] = req
+        if self.bus.active:
+            self.bus.emit(PagesAllocated(now_ns(), self.step, req.request_id, tuple(pages)))
+
+    # --- introspection -----------------------------------------------------------------
+
     @property
     def tokens_held(self) -> int:
-        return sum(r.num_computed for r in self.holders.values())
+        """Tokens physically stored in device pages (a shared page counts once)."""
+        ps = self.page_size
+        fill: dict[int, int] = {}
+        for req in self.holders.values():
+            for i, page in enumerate(req.pages):
+                n = min(ps, req.num_computed - i * ps)
+                if n > fill.get(page, 0):
+                    fill[page] = n
+        if self.prefix is not None:
+            for node in self.prefix.nodes():
+                if node.on_device:
+                    fill[node.page] = ps
+        return sum(fill.values())
+
+    @property
+    def pages_cached(self) -> int:
+        """Pages only the prefix cache holds (unreferenced, evictable)."""
+        return len(self.prefix.cached_only_pages()) if self.prefix is not None else 0
+
+    @property
+    def host_pages_used(self) -> int:
+        return self.host.num_used if self.host is not None else 0
 
     def page_owners(self) -> np.ndarray:
-        """Owner of every page: a request id, or PAGE_FREE."""
+        """Owner of every page: a request id, PAGE_CACHED, PAGE_EVICTED (since the last map) or PAGE_FREE."""
         owners = np.full(self.pool.num_pages, PAGE_FREE, dtype=np.int32)
+        if self.prefix is not None:
+            evicted = [p for p in self.prefix.evicted_since_snapshot if self.pool.refcount[p] == 0]
+            owners[evicted] = PAGE_EVICTED
+            self.prefix.evicted_since_snapshot.clear()
+            owners[self.prefix.cached_only_pages()] = PAGE_CACHED
         for rid, req in self.holders.items():
             owners[req.pages] = rid
         return owners
@@ -69,10 +178,22 @@ class KVCacheManager:
             self.bus.emit(PageMap(now_ns(), self.step, self.page_owners()))
 
     def check_integrity(self) -> None:
+        """Pool, cache and host tier agree; every reference is accounted for."""
         self.pool.check_integrity()
         counts = [0] * self.pool.num_pages
         for req in self.holders.values():
             for p in req.pages:
                 counts[p] += 1
+        if self.prefix is not None:
+            self.prefix.check_integrity()
+            for node in self.prefix.nodes():
+                if node.on_device:
+                    counts[node.page] += 1
         for p, c in enumerate(counts):
-            assert self.pool.refcount[p] >= c, f"page {p} held {c} times but refcount {self.pool.refcount[p]}"
+            assert self.pool.refcount[p] == c, f"page {p}: refcount {self.pool.refcount[p]}, holders {c}"
+        if self.host is not None:
+            held = self.prefix.host_slots() if self.prefix is not None else set()
+            for req in self.swapped.values():
+                assert not (held & set(req.host_slots)), "host slot held twice"
+                held |= set(req.host_slots)
+            self.host.check_integrity(held)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -44,6 +45,10 @@ class Request:
     max_len: int = 0  # hard cap on prompt + output (the model's context)
     generator: torch.Generator | None = None
     text: str = ""
+    cache_node: Any = None  # deepest prefix-cache node this request's pages reached
+    cached_pages: int = 0  # leading pages already offered to the prefix cache
+    host_slots: list[int] = field(default_factory=list)
+    matched: bool = False  # looked up in the prefix cache since its last (re)start  # where a swapped-out request's pages are
 
     @property
     def num_tokens(self) -> int:

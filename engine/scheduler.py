@@ -2,18 +2,19 @@
 
 Each step, running requests go first (oldest first), each taking the next
 tokens it needs: one for a decode, a chunk for a prompt still in prefill.
-When pages run out, the newest running request is preempted (its pages are
-released and it goes back to the front of the queue to be recomputed) until
-the older ones fit: newest-first keeps the work already done on old requests.
-Then waiting requests are admitted in arrival order while the token budget,
-the sequence limit and free pages allow; a prompt longer than the remaining
+When pages run out, unreferenced prefix-cache pages are evicted first; if
+that is not enough, the newest running request is preempted (newest-first
+keeps the work already done on old requests): by recompute (its pages are
+released; on resume it re-matches the prefix cache and recomputes the rest)
+or by swap (its pages move to the host tier and come back intact). Then
+waiting requests are admitted in arrival order while the token budget, the
+sequence limit and free pages allow; a prompt longer than the remaining
 budget is split (chunked prefill).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.engine_config import EngineConfig
@@ -25,7 +26,8 @@ from engine.request import Request, Status
 class ScheduledBatch:
     requests: list[Request]
     num_new: list[int]  # tokens computed this step, per request
-    preempted: list[Request]
+    preempted: list[tuple[Request, str]]  # (victim, "recompute" | "swap")
+    resumed: list[tuple[Request, str]]
 
     @property
     def num_tokens(self) -> int:
@@ -38,13 +40,6 @@ class Scheduler:
         self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        # Called when a request is admitted for the first time (prefix-cache lookup).
-        self.on_admit: Callable[[Request], None] = lambda req: None
-        # Called to free pages held by something other than running requests
-        # (the prefix cache); returns pages freed.
-        self.reclaim: Callable[[int], int] = lambda n: 0
-        # Called with each victim; does the release (recompute or swap).
-        self.on_preempt: Callable[[Request], None] = self._preempt_recompute
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -52,30 +47,35 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _preempt_recompute(self, req: Request) -> None:
-        self.kv.release(req)
-        req.num_computed = 0
-
     def _ensure(self, req: Request, num_tokens: int, reserve: int = 0) -> bool:
         missing = self.kv.missing_pages(req, num_tokens) + reserve - self.kv.pool.num_free
         if missing > 0:
-            self.reclaim(missing)
+            self.kv.reclaim(missing)
         return self.kv.can_grow(req, num_tokens, reserve)
+
+    def _preempt(self, victim: Request) -> str:
+        victim.num_preemptions += 1
+        if self.config.preemption == "swap" and self.kv.can_swap_out(victim):
+            self.kv.swap_out(victim)
+            victim.status = Status.SWAPPED
+            return "swap"
+        self.kv.release(victim)
+        victim.num_computed = 0
+        victim.matched = False
+        victim.status = Status.WAITING
+        return "recompute"
 
     def schedule(self) -> ScheduledBatch:
         budget = self.config.max_batched_tokens
-        batch = ScheduledBatch([], [], [])
+        batch = ScheduledBatch([], [], [], [])
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed, budget)
             while not self._ensure(req, req.num_computed + num_new):
                 victim = self.running.pop()
-                victim.status = Status.WAITING
-                victim.num_preemptions += 1
-                self.on_preempt(victim)
+                batch.preempted.append((victim, self._preempt(victim)))
                 self.waiting.appendleft(victim)
-                batch.preempted.append(victim)
                 if victim is req:
                     break
             if req.status is not Status.RUNNING:
@@ -88,19 +88,27 @@ class Scheduler:
         if batch.preempted:
             return batch
         # A small watermark keeps room for running decodes to grow.
-        watermark = max(1, len(self.running) // 4)
+        watermark = max(1, len(self.running) // 4) if self.running else 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             if req.status is Status.SWAPPED:
-                break  # the swap tier brings it back (engine.offload)
-            first_time = req.scheduled_ns is None and req.num_computed == 0 and not req.pages
-            if first_time:
-                self.on_admit(req)
+                if self.kv.pool.num_free < len(req.host_slots) + watermark:
+                    self.kv.reclaim(len(req.host_slots) + watermark - self.kv.pool.num_free)
+                if self.kv.pool.num_free < len(req.host_slots) + watermark:
+                    break
+                self.kv.swap_in(req)
+                req.status = Status.WAITING
+                batch.resumed.append((req, "swap"))
+            elif not req.matched:
+                req.matched = True
+                self.kv.admit(req)
+                if req.num_preemptions:
+                    batch.resumed.append((req, "recompute"))
             remaining = req.num_tokens - req.num_computed
             num_new = min(remaining, budget)
             if num_new < remaining and not self.config.chunked_prefill:
                 break
-            if not self._ensure(req, req.num_computed + num_new, watermark if self.running else 0):
+            if not self._ensure(req, req.num_computed + num_new, watermark):
                 break
             self.waiting.popleft()
             self.kv.grow(req, req.num_computed + num_new)

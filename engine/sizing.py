@@ -130,11 +130,22 @@ class ModelShape:
     @classmethod
     def from_gguf(cls, path: str | Path) -> ModelShape:
         """A GGUF file's metadata; parameters are counted from its tensors (tied or not)."""
-        from engine.gguf_file import open_gguf, read_fields
+        import gguf  # not engine.gguf_file: sizing needs neither torch nor the tokenizer
 
         path = Path(path)
-        reader = open_gguf(path)
-        config = ModelConfig.from_gguf_fields(read_fields(reader), name=path.stem)
+        if not path.is_file():
+            raise KvscopeError(f"no GGUF file at {path}")
+        try:
+            reader = gguf.GGUFReader(path)
+        except Exception as exc:  # the reader raises ValueError/IndexError/struct errors
+            raise KvscopeError(f"{path} is not a readable GGUF file: {exc}") from None
+        # The tokenizer's arrays are most of the metadata and none of the shape.
+        fields = {
+            key: field.contents()
+            for key, field in reader.fields.items()
+            if not key.startswith(("GGUF.", "tokenizer."))
+        }
+        config = ModelConfig.from_gguf_fields(fields, name=path.stem)
         return cls.from_config(config, sum(int(t.n_elements) for t in reader.tensors))
 
 

@@ -17,7 +17,7 @@ from app.engine_options import add_engine_options, engine_config_from_args
 from app.workloads import BUILTIN, load_workload
 from db.store import default_db_path
 
-RUN_KV_BUDGET = "40MiB"  # small on purpose: prefix hits, eviction and preemption all happen
+RUN_KV_BUDGET = "24MiB"  # small on purpose: prefix hits, eviction and preemption all happen
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object (last line)")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT while running")
     p.add_argument("--metrics-host", default="127.0.0.1", help=argparse.SUPPRESS)
-    add_engine_options(p, kv_budget=RUN_KV_BUDGET)
+    add_engine_options(p, kv_budget=RUN_KV_BUDGET, offload="auto")
     p.set_defaults(handler=run)
 
 
