@@ -249,7 +249,13 @@ class Recorder:
 
     @property
     def queued(self) -> int:
+        """Events waiting for the writer thread."""
         return len(self._queue)
+
+    @property
+    def events_written(self) -> int:
+        """Events committed to the database so far."""
+        return self._writer.events_written
 
     # --- the writer thread ----------------------------------------------------------
 
