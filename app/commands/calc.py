@@ -217,7 +217,10 @@ def sizing_report(args: argparse.Namespace) -> dict[str, Any]:
     if args.batch is not None and args.seq_len is None:
         raise KvscopeError("--batch needs --seq-len")
     budget = MemoryBudget(
-        memory_gib * GIB, weights, args.overhead_gib * GIB, args.activation_gib * GIB
+        memory_bytes=round(memory_gib * GIB),
+        weight_bytes=round(weights),
+        overhead_bytes=round(args.overhead_gib * GIB),
+        activation_bytes=round(args.activation_gib * GIB),
     )
     avg_tokens = avg_tokens_held(args.input_tokens, args.output_tokens)
     max_len = args.max_model_len or shape.context_len or args.input_tokens + args.output_tokens
@@ -315,13 +318,17 @@ def _count(n: float) -> str:
     return f"{n:,.0f}" if float(n).is_integer() else f"{n:,.1f}"
 
 
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:,.2f}"
 
 
 def _print_sizing(r: dict[str, Any]) -> None:
     m = r["model"]
-    params = f", {m['params'] / 1e9:.2f} B params" if m["params"] else ""
+    params = f", {_params(m['params'])} params" if m["params"] else ""
     print(
         f"{m['name']}: {m['layers']} layers, {m['q_heads']} query heads, {m['kv_heads']} KV heads, "
         f"head_dim {m['head_dim']}{params}"
@@ -394,7 +401,7 @@ def run_offload(args: argparse.Namespace) -> int:
         print(json.dumps(r, indent=2))
         return 0
     rows = [
-        ["parameters", f"{r['params']:,}"],
+        ["parameters", _params(r["params"])],
         ["KV width x layers", f"{r['kv_width']:,} x {r['layers']}"],
         [f"KV bytes per token ({r['kv_dtype']})", _count(r["kv_bytes_per_token"])],
         ["PCIe GB/s", _count(r["pcie_gbps"])],
