@@ -1,0 +1,216 @@
+"""``kvscope calc``, ``kvscope calc offload`` and ``kvscope simulate`` through the real CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli import main
+
+GIB = 1 << 30
+LLAMA_ON_80 = [
+    "calc",
+    "--preset",
+    "llama3-8b",
+    "--memory-gib",
+    "80",
+    "--weights-gib",
+    "16",
+    "--overhead-gib",
+    "0",
+    "--input-tokens",
+    "1024",
+    "--output-tokens",
+    "1024",
+]
+
+
+def run_json(capsys, *argv: str) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def run_error(capsys, *argv: str) -> str:
+    assert main(list(argv)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, "errors are one line"
+    return err
+
+
+def test_calc_json_shows_the_llama3_8b_figures(capsys):
+    r = run_json(capsys, *LLAMA_ON_80, "--max-model-len", "3072")
+    assert r["kv_bytes_per_token"] == 131_072
+    assert r["avg_tokens_per_request"] == 1536
+    assert r["kv_bytes_per_request"] == 192 << 20
+    assert r["kv_budget_bytes"] == 64 * GIB
+    assert r["max_avg_batch"] == 341
+    assert r["max_batch_max_reservation"] == 170
+    assert r["tokens_in_budget"] == 512 * 1024
+    assert r["by_kv_heads"]["MHA"] == {
+        "kv_heads": 32,
+        "kv_bytes_per_token": 524_288,
+        "kv_bytes_per_request": 768 << 20,
+        "max_avg_batch": 85,
+        "max_batch_max_reservation": 42,
+        "tokens_in_budget": 128 * 1024,
+    }
+    assert r["by_kv_heads"]["GQA"]["max_avg_batch"] == 341
+    assert r["by_kv_heads"]["MQA"]["kv_bytes_per_token"] == 16_384
+    assert r["by_kv_dtype"]["fp8_e4m3"]["max_avg_batch"] == 682
+    assert "kv_bytes_total" not in r
+
+
+def test_calc_defaults_to_1_5_gib_overhead_and_the_models_context_for_reservation(capsys):
+    argv = [a for a in LLAMA_ON_80 if a not in ("--overhead-gib", "0")]
+    r = run_json(capsys, *argv)
+    assert r["overhead_bytes"] == 1.5 * GIB
+    assert r["kv_budget_bytes"] == 62.5 * GIB
+    assert r["max_model_len"] == 8192
+    assert r["max_batch_max_reservation"] == 62  # 62.5 GiB / (8192 x 128 KiB), floored
+
+
+def test_calc_weights_from_parameters_and_their_dtype(capsys):
+    argv = [*LLAMA_ON_80[:3], "--device", "h100-80", "--overhead-gib", "0"]
+    fp16 = run_json(capsys, *argv)
+    int4 = run_json(capsys, *argv, "--weight-dtype", "int4")
+    assert fp16["weights_bytes"] == 2 * 8_030_261_248
+    assert int4["weights_bytes"] == 8_030_261_248 // 2
+    assert fp16["memory_bytes"] == round(79.65 * GIB)
+    assert int4["max_avg_batch"] > fp16["max_avg_batch"]
+
+
+def test_calc_70b_class_mha_shape_needs_160_gib_for_16_by_4096_tokens(capsys):
+    r = run_json(
+        capsys,
+        "calc",
+        *("--layers", "80", "--q-heads", "64", "--kv-heads", "64", "--head-dim", "128"),
+        *("--params", "70B", "--device", "h200-141", "--seq-len", "4096", "--batch", "16"),
+    )
+    assert r["kv_bytes_total"] == 160 * GIB
+    assert r["model"]["params"] == 70_000_000_000
+    assert r["by_kv_heads"]["MHA"]["kv_bytes_per_token"] == r["kv_bytes_per_token"]
+
+
+def test_calc_human_output_is_an_aligned_table_with_the_figures(capsys):
+    assert main([*LLAMA_ON_80, "--max-model-len", "3072"]) == 0
+    out = capsys.readouterr().out
+    assert "GiB = 2^30" in out
+    assert "CUDA context, cuBLAS workspace and NCCL buffers cost 1-2 GiB" in out
+    for line in ("KV bytes per token", "max average batch", "batch under max reservation"):
+        assert any(row.startswith(line) for row in out.splitlines()), line
+    assert "128 KiB" in out and "192 MiB" in out and "64.00" in out
+    mha = next(row for row in out.splitlines() if row.startswith("MHA"))
+    assert mha.split() == ["MHA", "32", "524,288", "85", "42", "131,072"]
+
+
+def test_calc_reads_a_hugging_face_config(capsys, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "hidden_size": 3584,
+                "intermediate_size": 18944,
+                "num_attention_heads": 28,
+                "num_key_value_heads": 4,
+                "num_hidden_layers": 28,
+                "vocab_size": 152064,
+            }
+        )
+    )
+    r = run_json(capsys, "calc", "--config", str(config), "--device", "a100-80")
+    assert r["model"]["params"] == 7_615_616_512
+    assert r["kv_bytes_per_token"] == 2 * 4 * 128 * 28 * 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["calc", "--device", "h100-80"], "name one model"),
+        (["calc", "--preset", "llama3-8b", "--layers", "3"], "name one model"),
+        (["calc", "--preset", "llama9"], "unknown model preset 'llama9'"),
+        (["calc", "--preset", "llama3-8b"], "name a device"),
+        (["calc", "--preset", "llama3-8b", "--device", "tpu"], "unknown device 'tpu'"),
+        (["calc", "--layers", "2", "--kv-heads", "2", "--head-dim", "8"], "also needs --q-heads"),
+        (
+            ["calc", "--layers", "2", "--q-heads", "4", "--kv-heads", "2", "--head-dim", "8"]
+            + ["--device", "l4"],
+            "parameter count is unknown",
+        ),
+        (["calc", "--preset", "llama3-8b", "--device", "l4", "--batch", "2"], "--batch needs"),
+        (["calc", "--config", "/nonexistent/config.json", "--device", "l4"], "no config.json"),
+        (["calc", "--gguf", "/nonexistent.gguf", "--device", "l4"], "no GGUF file"),
+        (["calc", "offload", "--preset", "llama3-8b"], "--pcie-gbps and --tflops"),
+    ],
+)
+def test_calc_bad_input_is_one_clear_line(capsys, argv, message):
+    assert message in run_error(capsys, *argv)
+
+
+def test_calc_reports_when_weights_do_not_fit(capsys):
+    r = run_json(capsys, "calc", "--preset", "llama3-70b", "--device", "rtx-4090")
+    assert r["fits"] is False
+    assert r["kv_budget_bytes"] == 0 and r["max_avg_batch"] == 0
+
+
+def test_offload_8b_over_30_gbps_pcie_reloads_about_12x_cheaper(capsys):
+    r = run_json(
+        capsys,
+        *("calc", "offload", "--params", "8e9", "--kv-width", "1024", "--layers", "32"),
+        *("--dtype", "fp16", "--pcie-gbps", "30", "--tflops", "300"),
+    )
+    assert r["recompute_over_load"] == pytest.approx(12.2, abs=0.05)
+    assert r["kv_bytes_per_token"] == 2 * 1024 * 32 * 2
+
+
+def test_offload_from_presets_and_human_verdict(capsys):
+    r = run_json(capsys, "calc", "offload", "--preset", "llama3-8b", "--device", "h100-80")
+    expected = 64e9 * 8_030_261_248 / (2 * 1024 * 32 * 989e12)
+    assert r["recompute_over_load"] == pytest.approx(expected)
+    assert main(["calc", "offload", "--preset", "smollm2-135m", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "T_recompute / T_load" in out and "cheaper than" in out
+
+
+def test_simulate_json_has_three_allocators_in_order(capsys):
+    r = run_json(capsys, "simulate", "--requests", "60")
+    assert list(r) == ["max_reservation", "doubling", "paged"]
+    for figures in r.values():
+        assert {"utilization", "max_batch", "external_fragmentation", "bytes_copied"} <= set(
+            figures
+        )
+    assert (
+        r["paged"]["utilization"]
+        > r["doubling"]["utilization"]
+        > r["max_reservation"]["utilization"]
+    )
+    assert r["max_reservation"]["max_batch"] == 16384 // 2048
+
+
+def test_simulate_budget_in_gib_page_size_and_a_jsonl_trace(capsys, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(json.dumps({"prompt_len": 100, "output_len": 28}) for _ in range(8)))
+    argv = ["simulate", "--trace", str(trace), "--kv-gib", "0.125", "--max-model-len", "128"]
+    r = run_json(capsys, *argv, "--page-size", "128")
+    # 0.125 GiB / 128 KiB per token = 1024 slots: eight 128-token requests fit exactly
+    assert r["paged"]["capacity_slots"] == 1024
+    assert r["paged"]["max_batch"] == r["max_reservation"]["max_batch"] == 8
+    assert r["paged"]["utilization"] == pytest.approx(r["max_reservation"]["utilization"])
+
+
+def test_simulate_writes_an_html_plot_and_rejects_other_formats(capsys, tmp_path):
+    target = tmp_path / "sim.html"
+    assert main(["simulate", "--requests", "20", "--plot", str(target)]) == 0
+    html = target.read_text()
+    assert "plotly" in html.lower() and "token-slot utilization" in html
+    assert "paged" in capsys.readouterr().out
+    assert "writes .html or .png" in run_error(
+        capsys, "simulate", "--requests", "5", "--plot", str(tmp_path / "x.svg")
+    )
+
+
+def test_simulate_bad_trace_names_the_line(capsys, tmp_path):
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"prompt_len": 1, "output_len": 1}\n{"prompt_len": 0, "output_len": 1}\n')
+    assert "bad.jsonl:2: prompt_len" in run_error(capsys, "simulate", "--trace", str(trace))
