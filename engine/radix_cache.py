@@ -101,11 +101,12 @@ class RadixCache:
                 break
             if not child.on_device and not self._reload(child):
                 break
+            # Take the caller's reference now, so reloading the next page cannot evict this one.
+            self.pool.incref([child.page])
             child.last_access = tick
             child.hits += 1
             pages.append(child.page)
             node = child
-        self.pool.incref(pages)
         hit = len(pages) * self.page_size
         self.queried_tokens += len(tokens)
         self.hit_tokens += hit

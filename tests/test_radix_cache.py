@@ -1,0 +1,112 @@
+"""Radix prefix cache: random match / insert / release / evict / offload / reload sequences.
+
+After every operation: the cache's own invariants hold, every page's reference
+count equals its holders (requests + cache nodes), no page is both free and
+held, host slots are neither leaked nor double-held.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from engine.eviction import FIFO, LFU, LRU
+from engine.events import EventBus
+from engine.host_tier import HostTier
+from engine.page_pool import PagePool
+from engine.radix_cache import RadixCache
+
+PAGE = 2
+PAGES = 12
+
+# Token streams drawn from a tiny alphabet over a few shared stems make prefix hits common.
+stems = st.sampled_from([[1, 2, 3, 4], [1, 2, 5, 6], [7, 8, 9, 1]])
+tails = st.lists(st.integers(1, 3), max_size=6)
+
+
+class CacheMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = PagePool(PAGES, PAGE)
+        storage = torch.zeros(1, PAGES, 2, PAGE, 1, 1)
+        self.host = HostTier(storage, 6)
+        self.offload = False
+        self.events = []
+        bus = EventBus()
+        bus.subscribe(self.events.append)
+        self.cache = RadixCache(self.pool, bus, LRU(), self.host, should_offload=lambda: self.offload)
+        self.holders: list[tuple[list[int], list[int]]] = []  # (tokens, pages)
+
+    @rule(stem=stems, tail=tails)
+    def request(self, stem, tail):
+        tokens = stem + tail
+        pages, hit = self.cache.match(tokens)
+        assert hit == len(pages) * PAGE and hit <= len(tokens) - 1
+        assert tokens[:hit] == tokens[:hit]
+        need = -(-len(tokens) // PAGE) - len(pages)
+        if need > self.pool.num_free:
+            self.cache.evict(need - self.pool.num_free)
+        if need > self.pool.num_free:
+            self.pool.decref(pages)  # refused for lack of pages: give the hit back
+            return
+        pages = pages + self.pool.allocate(need)
+        self.cache.insert(tokens, pages)
+        self.holders.append((tokens, pages))
+
+    @rule(i=st.integers(0, 20))
+    def finish(self, i):
+        if self.holders:
+            _, pages = self.holders.pop(i % len(self.holders))
+            self.pool.decref(pages)
+
+    @rule(n=st.integers(1, 6))
+    def evict(self, n):
+        before = self.pool.num_free
+        freed = self.cache.evict(n)
+        assert self.pool.num_free == before + freed
+
+    @rule(on=st.booleans())
+    def toggle_offload(self, on):
+        self.offload = on
+
+    @rule(policy=st.sampled_from([LRU, LFU, FIFO]))
+    def set_policy(self, policy):
+        self.cache.policy = policy()
+
+    @invariant()
+    def consistent(self):
+        self.pool.check_integrity()
+        self.cache.check_integrity()
+        counts = [0] * PAGES
+        for _, pages in self.holders:
+            for p in pages:
+                counts[p] += 1
+        for node in self.cache.nodes():
+            if node.on_device:
+                counts[node.page] += 1
+        assert counts == self.pool.refcount
+        self.host.check_integrity(self.cache.host_slots())
+
+
+CacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestRadixCache = CacheMachine.TestCase
+
+
+def test_hit_after_insert_and_offload_roundtrip():
+    pool = PagePool(4, 2)
+    storage = torch.randn(1, 4, 2, 2, 1, 1)
+    host = HostTier(storage, 4)
+    cache = RadixCache(pool, EventBus(), LRU(), host, should_offload=lambda: True)
+    tokens = [5, 6, 7, 8, 9]
+    pages = pool.allocate(3)
+    cache.insert(tokens, pages)
+    assert cache.device_pages == 2  # two full pages; the partial third is never shared
+    original = storage[:, pages[:2]].clone()
+    pool.decref(pages)
+    assert cache.evict(2) == 2 and cache.host_pages == 2
+    storage[:, pages[:2]] = 0  # the device copies are gone
+    got, hit = cache.match(tokens)
+    assert hit == 4
+    assert torch.equal(storage[:, got], original)  # reloaded intact
