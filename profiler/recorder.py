@@ -291,10 +291,13 @@ class Recorder:
     def finish(self, status: str = COMPLETE) -> RunSummary:
         """Drain the queue, mark the run ``status`` (complete, interrupted or failed),
         store its summary figures and close the database. Returns the summary."""
+        if self.summary is not None:
+            return self.summary  # already finished (e.g. explicitly, then by __exit__)
         if self._thread is not None:
             self._stop.set()
             self._wake.set()
             self._thread.join()
+        self._max_queue = 0  # late events are counted as dropped, not kept in memory
         self.flush()
         summary = dataclasses.replace(run_summary(self._db, self.run_id), status=status)
         self._writer.finish(status, summary, self._dropped)

@@ -226,3 +226,16 @@ def test_numpy_values_in_events_are_stored_as_numbers(tmp_path: Path) -> None:
     (event,) = queries.event_timeline(path, rec.run_id, kinds=["prefix_lookup"])
     assert (event.step, event.request_id, event.payload["hit_tokens"]) == (3, 7, 8)
     assert queries.run_summary(path, rec.run_id).prefix_hit_rate == 0.5
+
+
+def test_finish_is_idempotent_and_late_events_are_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    with _recorder(path) as rec:
+        rec.on_event(PrefixLookup(now_ns(), 0, 0, 8, 8))
+        first = rec.finish(INTERRUPTED)
+    assert rec.finish() is first  # __exit__'s finish changes nothing
+    assert queries.run_info(path, rec.run_id).status == INTERRUPTED
+    rec.on_event(PrefixLookup(now_ns(), 1, 1, 8, 8))
+    assert rec.queued == 0 and rec.dropped_events == 1
+    with pytest.raises(ValueError, match="final status"):
+        _recorder(tmp_path / "k2.db").finish("done")
