@@ -188,14 +188,20 @@ def test_failed_write_counts_its_events_as_dropped(tmp_path: Path, monkeypatch) 
     assert rec.finish().dropped_events == 7
 
 
+def _seconds_until_written(path: Path, n: int, limit_s: float = 5.0) -> float:
+    t0 = time.monotonic()
+    while len(_lookup_ids(path)) < n and time.monotonic() - t0 < limit_s:
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
 def test_background_thread_flushes_on_time_and_when_the_queue_fills(tmp_path: Path) -> None:
     path = tmp_path / "k.db"
     rec = _recorder(path, flush_interval_s=0.25, flush_at=10_000)
     rec.start()
     for i in range(10):
         rec.on_event(PrefixLookup(now_ns(), 0, i, 8, 8))
-    time.sleep(0.6)
-    assert len(_lookup_ids(path)) == 10  # by the timer
+    assert _seconds_until_written(path, 10) < 1.0  # by the timer
     rec.finish()
 
     path = tmp_path / "k2.db"
@@ -204,8 +210,8 @@ def test_background_thread_flushes_on_time_and_when_the_queue_fills(tmp_path: Pa
     time.sleep(0.05)
     for i in range(150):
         rec.on_event(PrefixLookup(now_ns(), 0, i, 8, 8))
-    time.sleep(0.5)
-    assert len(_lookup_ids(path)) >= 100  # woken by the queue's length, not the timer
+    # Woken by the queue's length: the timer would take 30 s.
+    assert _seconds_until_written(path, 100) < 5.0
     rec.finish()
 
 
