@@ -1,0 +1,55 @@
+"""``kvscope dash``: the browser dashboard of a database, live while a run is recorded.
+
+Listens on 127.0.0.1 unless ``--host`` says otherwise; pages refresh every
+``--refresh`` seconds and keep the user's zoom.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from db.store import default_db_path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "dash",
+        help="browser dashboard (Plotly Dash) of recorded and live runs",
+        description=__doc__,
+    )
+    p.add_argument(
+        "db", nargs="?", default=None, metavar="DB", help="database (default ./kvscope.db)"
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only)",
+    )
+    p.add_argument("--port", type=int, default=8050, help="port to listen on (default 8050)")
+    p.add_argument(
+        "--refresh",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often pages check for new data (default 2)",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.dashboard.server import Server, create_app
+
+    db_path = args.db or default_db_path()
+    server = Server(create_app(db_path, refresh_ms=int(args.refresh * 1000)), args.host, args.port)
+    print(f"kvscope dash: {db_path} at {server.url} (Ctrl+C to stop)", file=sys.stderr)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"kvscope dash: listening on {args.host}: reachable from other machines",
+            file=sys.stderr,
+        )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,68 @@
+"""``kvscope report``: one run exported as an HTML page, a Perfetto trace, CSV or JSON.
+
+html: one self-contained file (opens offline) with the summary and main charts.
+trace: Chrome Trace Event JSON; open it at ui.perfetto.dev or chrome://tracing.
+csv: a directory with one CSV per table. json: every table in one file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from db.store import default_db_path
+
+FORMATS = ("html", "trace", "csv", "json")
+
+
+def default_output(run_id: int, fmt: str) -> Path:
+    suffix = {"html": ".html", "trace": ".trace.json", "csv": "-csv", "json": ".json"}[fmt]
+    return Path(f"kvscope-run{run_id}{suffix}")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="export a run: self-contained HTML, Perfetto trace, CSV or JSON",
+        description=__doc__,
+    )
+    p.add_argument(
+        "db", nargs="?", default=None, metavar="DB", help="database (default ./kvscope.db)"
+    )
+    p.add_argument("--run", type=int, default=None, metavar="ID", help="run id (default: newest)")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="file (a directory for csv); default kvscope-run<ID>.html / .trace.json / -csv / .json",
+    )
+    p.add_argument("--format", choices=FORMATS, default="html", help="what to write (default html)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.dashboard.data import choose_run, reader
+    from app.report.html import build_html
+    from app.report.tables import write_csv, write_json
+    from app.report.trace import build_trace
+
+    with reader(args.db or default_db_path()) as db:
+        run_id = choose_run(db, args.run)
+        out = args.output or default_output(run_id, args.format)
+        if args.format == "csv":
+            write_csv(db, run_id, out)
+        elif args.format == "json":
+            write_json(db, run_id, out)
+        else:
+            text = (
+                build_html(db, run_id)
+                if args.format == "html"
+                else json.dumps(build_trace(db, run_id))
+            )
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
+    print(out)
+    return 0

@@ -1,0 +1,337 @@
+"""The dashboard's behaviour: live refresh, routing, and one callback per page.
+
+Live refresh in two steps: every tick, ``version`` stores a small fingerprint
+of the database (run list, the chosen run's event count, step and status) and
+stores it only when it changed; pages listen to ``version`` alone, so an idle
+or finished run costs one cheap query per tick and a live one redraws as rows
+arrive. Every figure carries ``uirevision`` = the run, so a user's zoom and
+hidden traces survive a redraw of the same run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from dash import Dash, Input, Output, State, no_update
+from dash.exceptions import PreventUpdate
+
+from app.dashboard import data, figures, layout
+from db.queries import (
+    RunInfo,
+    compare_runs,
+    event_timeline,
+    gpu_series,
+    kernel_stats,
+    list_runs,
+    page_maps,
+    requests_table,
+    run_info,
+    run_summary,
+    step_series,
+)
+from engine.errors import KvscopeError
+
+# Time buckets per time-series figure, snapshots and page rows per heatmap: what
+# a screen can show, whatever the size of the run.
+MAX_POINTS = 400
+MAX_SNAPSHOTS = 240
+MAX_PAGE_ROWS = 256
+COMPARE_POINTS = 300
+LATEST_EVENTS = 200
+
+
+def run_label(info: RunInfo) -> str:
+    model = f" · {info.model}" if info.model and info.model != info.kind else ""
+    return f"#{info.run_id} {info.kind}{model} · {info.status}"
+
+
+def _run(version: dict[str, Any] | None) -> int:
+    """The chosen run, or no update at all while the database has none."""
+    run_id = (version or {}).get("run")
+    if run_id is None:
+        raise PreventUpdate
+    return run_id
+
+
+def _live(fig: go.Figure, revision: object) -> go.Figure:
+    return fig.update_layout(uirevision=str(revision))
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def register(app: Dash, db_path: Path) -> None:
+    """Attach every callback to ``app``; each opens its own read connection."""
+
+    @app.callback(
+        Output("run", "options"),
+        Output("run", "value"),
+        Input("tick", "n_intervals"),
+        State("run", "options"),
+        State("run", "value"),
+    )
+    def refresh_runs(_: int, options: list | None, chosen: int | None) -> tuple:
+        with data.reader(db_path) as db:
+            runs = list_runs(db)
+        fresh = [{"label": run_label(r), "value": r.run_id} for r in runs]
+        if not any(r.run_id == chosen for r in runs):
+            chosen_now = runs[0].run_id if runs else None
+        else:
+            chosen_now = chosen
+        return (
+            no_update if fresh == options else fresh,
+            no_update if chosen_now == chosen else chosen_now,
+        )
+
+    @app.callback(
+        Output("version", "data"),
+        Input("tick", "n_intervals"),
+        Input("run", "value"),
+        State("version", "data"),
+    )
+    def refresh_version(_: int, run_id: int | None, old: dict | None) -> Any:
+        with data.reader(db_path) as db:
+            new = data.version(db, run_id)
+        return no_update if new == old else new
+
+    @app.callback(
+        Output("run-status", "children"),
+        Output("run-status", "className"),
+        Input("version", "data"),
+    )
+    def status(version: dict | None) -> tuple[str, str]:
+        if not version or version.get("run") is None:
+            return "no runs yet", "badge"
+        state = version.get("status", "unknown")
+        return state, f"badge {state}"
+
+    @app.callback(
+        Output("page", "children"),
+        *(Output(f"nav-{key}", "className") for key, _, _ in layout.PAGES),
+        Input("url", "pathname"),
+    )
+    def route(pathname: str | None) -> tuple:
+        key = layout.PAGE_BY_PATH.get(pathname or "/")
+        classes = ["nav-link active" if k == key else "nav-link" for k, _, _ in layout.PAGES]
+        if key is None:
+            return layout.message(f"No page at {pathname}."), *classes
+        return layout.page(key), *classes
+
+    @app.callback(
+        Output("overview-tiles", "children"),
+        Output("overview-throughput", "figure"),
+        Output("overview-queues", "figure"),
+        Input("version", "data"),
+    )
+    def overview(version: dict | None) -> tuple:
+        run_id = _run(version)
+        with data.reader(db_path) as db:
+            summary = run_summary(db, run_id)
+            points = step_series(db, run_id, MAX_POINTS)
+        return (
+            layout.tiles(figures.summary_tiles(summary)),
+            _live(figures.throughput_figure(points), run_id),
+            _live(figures.queue_figure(points), run_id),
+        )
+
+    @app.callback(
+        Output("kv-cache-heatmap", "figure"),
+        Output("kv-cache-usage", "figure"),
+        Output("kv-cache-fragmentation", "figure"),
+        Input("version", "data"),
+    )
+    def kv_cache(version: dict | None) -> tuple:
+        run_id = _run(version)
+        with data.reader(db_path) as db:
+            matrix = page_maps(db, run_id, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
+            points = step_series(db, run_id, MAX_POINTS)
+        return (
+            _live(figures.page_heatmap(matrix), run_id),
+            _live(figures.usage_figure(points), run_id),
+            _live(figures.fragmentation_figure(points), run_id),
+        )
+
+    @app.callback(
+        Output("prefix-cache-hit-rate", "figure"),
+        Output("prefix-cache-sources", "figure"),
+        Output("prefix-cache-size", "figure"),
+        Input("version", "data"),
+    )
+    def prefix_cache(version: dict | None) -> tuple:
+        run_id = _run(version)
+        with data.reader(db_path) as db:
+            points = step_series(db, run_id, MAX_POINTS)
+            sources = data.cached_sources(db, run_id, points)
+        return (
+            _live(figures.hit_rate_figure(points), run_id),
+            _live(figures.cached_sources_figure(sources), run_id),
+            _live(figures.prefix_size_figure(points), run_id),
+        )
+
+    @app.callback(
+        Output("eviction-timeline", "figure"),
+        Output("eviction-costs", "figure"),
+        Output("eviction-events", "data"),
+        Input("version", "data"),
+    )
+    def eviction(version: dict | None) -> tuple:
+        run_id = _run(version)
+        with data.reader(db_path) as db:
+            counts = data.event_counts(db, run_id)
+            costs = data.transfer_costs(db, run_info(db, run_id))
+            latest = event_timeline(db, run_id, limit=LATEST_EVENTS)
+        rows = [
+            {
+                "t_s": round(e.t_s, 4),
+                "step": e.step,
+                "kind": figures.EVENT_LABELS.get(e.kind, e.kind),
+                "request_id": e.request_id,
+                "details": ", ".join(f"{k} {v}" for k, v in e.payload.items() if k != "request_id"),
+            }
+            for e in reversed(latest)
+        ]
+        return (
+            _live(figures.event_counts_figure(counts), run_id),
+            _live(figures.transfer_cost_figure(costs), run_id),
+            rows,
+        )
+
+    @app.callback(
+        Output("kernels-time", "figure"),
+        Output("kernels-throughput", "figure"),
+        Output("kernels-roofline", "figure"),
+        Output("kernels-table", "data"),
+        Input("version", "data"),
+    )
+    def kernels(version: dict | None) -> tuple:
+        run_id = _run(version)
+        with data.reader(db_path) as db:
+            stats = kernel_stats(db, run_id)
+            peaks = data.device_peaks(run_info(db, run_id))
+        rows = [
+            {
+                "name": s.name,
+                "calls": s.calls,
+                "total_s": round(s.total_s, 4),
+                "mean_ms": round(s.mean_s * 1e3, 4),
+                "tflops": _round(s.tflops, 4),
+                "gbps": _round(s.gbps, 2),
+                "peak_tflops_pct": _round(s.peak_tflops_frac and 100 * s.peak_tflops_frac, 2),
+                "peak_gbps_pct": _round(s.peak_gbps_frac and 100 * s.peak_gbps_frac, 2),
+            }
+            for s in stats
+        ]
+        return (
+            _live(figures.kernel_time_figure(stats), run_id),
+            _live(figures.kernel_throughput_figure(stats), run_id),
+            _live(figures.roofline_figure(stats, peaks), run_id),
+            rows,
+        )
+
+    @app.callback(
+        Output("gpu-note", "children"),
+        Output("gpu-samples", "figure"),
+        Input("version", "data"),
+    )
+    def gpu(version: dict | None) -> tuple:
+        run_id = _run(version)
+        with data.reader(db_path) as db:
+            points = gpu_series(db, run_id, MAX_POINTS)
+        note = None if points else layout.message("No GPU in this run: nothing was sampled.")
+        return note, _live(figures.gpu_figure(points), run_id)
+
+    @app.callback(
+        Output("requests-table", "data"),
+        Output("requests-table", "page_count"),
+        Input("version", "data"),
+        Input("requests-table", "page_current"),
+        Input("requests-table", "page_size"),
+        Input("requests-table", "filter_query"),
+        Input("requests-table", "sort_by"),
+    )
+    def requests_page(
+        version: dict | None, page: int, size: int, query: str, sort_by: list
+    ) -> tuple:
+        run_id = _run(version)
+        with data.reader(db_path) as db:
+            records = data.request_records(requests_table(db, run_id), query, sort_by)
+        page = page or 0
+        shown = [
+            {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()}
+            for record in records[page * size : (page + 1) * size]
+        ]
+        return shown, max(1, -(-len(records) // size))
+
+    @app.callback(
+        Output("requests-detail", "figure"),
+        Input("requests-table", "selected_row_ids"),
+        Input("version", "data"),
+    )
+    def request_detail(selected: list | None, version: dict | None) -> go.Figure:
+        run_id = _run(version)
+        if not selected:
+            return figures.request_figure(None)
+        try:
+            with data.reader(db_path) as db:
+                trace = data.request_trace(db, run_id, int(selected[0]))
+        except KvscopeError:
+            trace = None  # a row of another run, chosen before the run changed
+        return _live(figures.request_figure(trace), (run_id, selected[0]))
+
+    @app.callback(
+        Output("compare-runs", "options"),
+        Output("compare-runs", "value"),
+        Input("version", "data"),
+        State("compare-runs", "value"),
+    )
+    def compare_choices(version: dict | None, chosen: list | None) -> tuple:
+        with data.reader(db_path) as db:
+            runs = list_runs(db)
+        options = [{"label": run_label(r), "value": r.run_id} for r in runs]
+        return options, no_update if chosen else [r.run_id for r in runs[:2]]
+
+    @app.callback(
+        Output("compare-summary", "data"),
+        Output("compare-summary", "columns"),
+        Output("compare-config", "data"),
+        Output("compare-config", "columns"),
+        Output("compare-throughput", "figure"),
+        Output("compare-hit-rate", "figure"),
+        Output("compare-token-usage", "figure"),
+        Output("compare-page-usage", "figure"),
+        Input("compare-runs", "value"),
+        Input("version", "data"),
+    )
+    def compare(chosen: list | None, _: dict | None) -> tuple:
+        run_ids = [int(r) for r in chosen or []]
+        with data.reader(db_path) as db:
+            comparison = compare_runs(db, run_ids)
+            series = {f"#{r}": step_series(db, r, COMPARE_POINTS) for r in run_ids}
+        labels = list(series)
+        columns = [{"name": "", "id": "metric"}] + [{"name": c, "id": c} for c in labels]
+        config_rows = [
+            {"metric": key}
+            | {label: "—" if v is None else str(v) for label, v in zip(labels, values, strict=True)}
+            for key, values in comparison.config_diff.items()
+        ]
+        revision = tuple(run_ids)
+        return (
+            figures.summary_table(labels, comparison.summaries),
+            columns,
+            config_rows,
+            columns,
+            _live(
+                figures.compare_figure(
+                    series, "decode_tokens_per_s", "Decode throughput", "tokens/s"
+                ),
+                revision,
+            ),
+            _live(figures.compare_figure(series, "hit_rate", "Prefix hit rate", "%"), revision),
+            _live(
+                figures.compare_figure(series, "token_usage", "Token-level usage", "%"), revision
+            ),
+            _live(figures.compare_figure(series, "page_usage", "Page-level usage", "%"), revision),
+        )

@@ -1,0 +1,78 @@
+"""A run's tables as CSV files or one JSON document.
+
+Both formats come from one list of tables, so they cannot disagree: the run's
+summary, its requests, and every row of its steps, kernels, GPU samples and
+events (payloads as JSON), each with ``t_s`` in seconds since the run's start.
+Large tables stream from SQLite to the file.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from sqlite_utils import Database
+
+from app.dashboard import data
+from db.formulas import KernelStat, RunSummary
+from db.queries import RequestRow, kernel_stats, requests_table, run_info, run_summary
+
+Table = tuple[list[str], Iterable[tuple]]
+
+
+def _dataclass_table(cls: type, items: list[Any]) -> Table:
+    names = [f.name for f in fields(cls)]
+    return names, (tuple(asdict(item).values()) for item in items)
+
+
+def run_tables(db: Database, run_id: int) -> dict[str, Table]:
+    """Every table of the run, by file stem; rows are produced lazily."""
+    tables = {
+        "summary": _dataclass_table(RunSummary, [run_summary(db, run_id)]),
+        "requests": _dataclass_table(RequestRow, requests_table(db, run_id)),
+        "kernel_stats": _dataclass_table(KernelStat, kernel_stats(db, run_id)),
+    }
+    for name in ("steps", "kernels", "gpu_samples", "events"):
+        tables[name] = data.raw_rows(db, run_id, name)
+    return tables
+
+
+def write_csv(db: Database, run_id: int, directory: Path) -> list[Path]:
+    """One CSV per table in ``directory`` (created); returns the files written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (columns, rows) in run_tables(db, run_id).items():
+        path = directory / f"{name}.csv"
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            writer.writerows(rows)
+        written.append(path)
+    return written
+
+
+def _records(columns: list[str], rows: Iterable[tuple]) -> Iterator[dict[str, Any]]:
+    for row in rows:
+        record = dict(zip(columns, row, strict=True))
+        if "payload" in record:
+            record["payload"] = json.loads(record["payload"] or "{}")
+        yield record
+
+
+def write_json(db: Database, run_id: int, path: Path) -> Path:
+    """``{"run": ..., "tables": {name: [row objects]}}`` in one file."""
+    document = {
+        "run": asdict(run_info(db, run_id)),
+        "tables": {
+            name: list(_records(columns, rows))
+            for name, (columns, rows) in run_tables(db, run_id).items()
+        },
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        json.dump(document, f, separators=(",", ":"))
+    return path
