@@ -131,9 +131,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch", type=positive_int, help="sequences for --seq-len (default 1)")
     parser.set_defaults(handler=run_calc)
 
-    what = parser.add_subparsers(dest="calc_what", metavar="offload")
+    what = parser.add_subparsers(dest="calc_what", metavar="[offload]")
+    # SUPPRESS: flags given before "offload" (kvscope calc --preset X offload) keep their values.
     offload = what.add_parser(
         "offload",
+        argument_default=argparse.SUPPRESS,
         help="recompute or reload evicted KV? T_recompute / T_load",
         description="T_recompute / T_load = (bandwidth x P) / (dtype x (D_model/GQA) x L x compute).",
     )
@@ -270,8 +272,8 @@ def offload_report(args: argparse.Namespace) -> dict[str, Any]:
     if not shape.params:
         raise KvscopeError("the model's parameter count is unknown: give --params")
     device = _device(args)
-    pcie = args.pcie_gbps or (device.pcie_gbps if device else None)
-    tflops = args.tflops or (device.fp16_tflops if device else None)
+    pcie = getattr(args, "pcie_gbps", None) or (device.pcie_gbps if device else None)
+    tflops = getattr(args, "tflops", None) or (device.fp16_tflops if device else None)
     if pcie is None or tflops is None:
         raise KvscopeError("name a device (--device NAME) or give --pcie-gbps and --tflops")
     per_token = shape.bytes_per_token(args.kv_dtype)
@@ -294,16 +296,21 @@ def offload_report(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def format_table(rows: list[list[str]], header: list[str] | None = None) -> str:
-    """Columns padded to a common width; every column but the first is right-aligned."""
+    """Columns padded to a common width; columns of numbers are right-aligned."""
     lines = [header, *rows] if header else rows
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    out = []
-    for line in lines:
-        cells = [line[0].ljust(widths[0])] + [
-            c.rjust(w) for c, w in zip(line[1:], widths[1:], strict=True)
-        ]
-        out.append("  ".join(cells).rstrip())
-    return "\n".join(out)
+    columns = list(zip(*lines, strict=True))
+    widths = [max(map(len, column)) for column in columns]
+    numeric = [
+        i > 0 and all(c[:1].isdigit() or c[:1] == "-" for c in column[bool(header) :] if c)
+        for i, column in enumerate(columns)
+    ]
+    return "\n".join(
+        "  ".join(
+            c.rjust(w) if right else c.ljust(w)
+            for c, w, right in zip(line, widths, numeric, strict=True)
+        ).rstrip()
+        for line in lines
+    )
 
 
 def human_bytes(n: float) -> str:
@@ -334,7 +341,8 @@ def _print_sizing(r: dict[str, Any]) -> None:
         f"head_dim {m['head_dim']}{params}"
     )
     print(
-        f"{r['device'] or 'device'}, KV {r['kv_dtype']}, {r['input_tokens']:,} in / "
+        f"{r['device'] or 'device'} ({r['memory_bytes'] / GIB:g} GiB), KV {r['kv_dtype']}, "
+        f"{r['input_tokens']:,} in / "
         f"{r['output_tokens']:,} out. Units: GiB = 2^30 bytes.\n"
     )
     weights = f"weights ({r['weight_dtype']})" if r["weight_dtype"] else "weights"
