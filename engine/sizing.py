@@ -209,15 +209,24 @@ def kv_capacity(
     )
 
 
-def recompute_over_load(
-    params: float, kv_bytes_per_token: float, pcie_gbps: float, tflops: float
-) -> float:
-    """T_recompute / T_load for one token's KV cache.
+@dataclass(frozen=True, slots=True)
+class ReloadCost:
+    """Seconds per token to recompute an evicted KV cache versus reloading it over PCIe."""
 
-    Recomputing costs a forward pass, 2P FLOPs per token; reloading moves the
-    token's K and V over PCIe. Equals (bandwidth x P) / (dtype x kv_width x L x compute).
-    Above 1, reloading from host memory beats recomputing.
-    """
-    recompute_s = 2 * params / (tflops * 1e12)
-    load_s = kv_bytes_per_token / (pcie_gbps * 1e9)
-    return recompute_s / load_s
+    recompute_s: float
+    load_s: float
+
+    @property
+    def recompute_over_load(self) -> float:
+        """(bandwidth x P) / (dtype x kv_width x L x compute); above 1, reloading wins."""
+        return self.recompute_s / self.load_s
+
+
+def reload_cost(
+    params: float, kv_bytes_per_token: float, pcie_gbps: float, tflops: float
+) -> ReloadCost:
+    """Recomputing costs a forward pass, 2P FLOPs per token; reloading moves its K and V."""
+    return ReloadCost(
+        recompute_s=2 * params / (tflops * 1e12),
+        load_s=kv_bytes_per_token / (pcie_gbps * 1e9),
+    )

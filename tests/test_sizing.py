@@ -18,7 +18,7 @@ from engine.sizing import (
     avg_tokens_held,
     kv_bytes_per_token,
     kv_capacity,
-    recompute_over_load,
+    reload_cost,
     weight_bytes,
 )
 
@@ -81,9 +81,11 @@ def test_weights_are_2p_p_and_half_p_bytes():
 
 def test_reloading_an_8b_models_kv_over_30_gbps_pcie_is_about_12x_cheaper_than_recomputing():
     per_token = kv_bytes_per_token(32, 1, 1024, "fp16")  # KV width 1024 = 8 heads x 128
-    ratio = recompute_over_load(8e9, per_token, pcie_gbps=30, tflops=300)
-    assert ratio == pytest.approx(30e9 * 8e9 / (2 * 1024 * 32 * 300e12))
-    assert round(ratio) == 12
+    cost = reload_cost(8e9, per_token, pcie_gbps=30, tflops=300)
+    assert cost.recompute_s == pytest.approx(2 * 8e9 / 300e12)
+    assert cost.load_s == pytest.approx(131_072 / 30e9)
+    assert cost.recompute_over_load == pytest.approx(30e9 * 8e9 / (2 * 1024 * 32 * 300e12))
+    assert round(cost.recompute_over_load) == 12
 
 
 @pytest.mark.parametrize(

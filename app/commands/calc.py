@@ -22,7 +22,7 @@ from engine.sizing import (
     ModelShape,
     avg_tokens_held,
     kv_capacity,
-    recompute_over_load,
+    reload_cost,
     weight_bytes,
 )
 
@@ -277,6 +277,7 @@ def offload_report(args: argparse.Namespace) -> dict[str, Any]:
     if pcie is None or tflops is None:
         raise KvscopeError("name a device (--device NAME) or give --pcie-gbps and --tflops")
     per_token = shape.bytes_per_token(args.kv_dtype)
+    cost = reload_cost(shape.params, per_token, pcie, tflops)
     return _plain_dict(
         {
             "model": _plain_dict(asdict(shape)),
@@ -288,9 +289,9 @@ def offload_report(args: argparse.Namespace) -> dict[str, Any]:
             "kv_bytes_per_token": per_token,
             "pcie_gbps": pcie,
             "tflops": tflops,
-            "recompute_s_per_token": 2 * shape.params / (tflops * 1e12),
-            "load_s_per_token": per_token / (pcie * 1e9),
-            "recompute_over_load": recompute_over_load(shape.params, per_token, pcie, tflops),
+            "recompute_s_per_token": cost.recompute_s,
+            "load_s_per_token": cost.load_s,
+            "recompute_over_load": cost.recompute_over_load,
         }
     )
 
