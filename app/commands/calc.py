@@ -239,7 +239,7 @@ def sizing_report(args: argparse.Namespace) -> dict[str, Any]:
         "device": device.name if device else None,
         "memory_bytes": budget.memory_bytes,
         "weight_dtype": None if args.weights_gib is not None else args.weight_dtype,
-        "weights_bytes": weights,
+        "weights_bytes": budget.weight_bytes,
         "overhead_bytes": budget.overhead_bytes,
         "activation_bytes": budget.activation_bytes,
         "kv_budget_bytes": budget.kv_bytes,
