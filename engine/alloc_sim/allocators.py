@@ -59,7 +59,7 @@ class Allocator(ABC):
     def admit(self, rid: int, tokens: int) -> bool:
         assert rid not in self.tokens, f"request {rid} admitted twice"
         slots = self.admission_slots(tokens)
-        if slots > self.capacity or not self._reserve(rid, slots):
+        if not self._reserve(rid, slots):
             return False
         self.tokens[rid] = tokens
         self.slots[rid] = slots
