@@ -129,17 +129,18 @@ def run(args: argparse.Namespace) -> int:
 
 def _start_extras(args: argparse.Namespace, engine, recorder) -> list:
     """Optional side services (GPU sampler, Prometheus endpoint); returns their closers."""
-    closers = []
-    try:
-        from profiler.gpu_sampler import GpuSampler
-    except ImportError:
-        GpuSampler = None
-    if GpuSampler is not None:
-        sampler = GpuSampler(engine.bus)
-        if sampler.start():
-            closers.append(sampler.stop)
-    if args.metrics_port is not None:
-        from profiler.prometheus import serve_metrics
+    from profiler.gpu_sampler import GpuSampler
 
-        closers.append(serve_metrics(engine.bus, args.metrics_host, args.metrics_port))
+    closers = []
+    sampler = GpuSampler(engine.bus, current_step=lambda: engine.step_count)
+    if sampler.start():
+        closers.append(sampler.stop)
+    if args.metrics_port is not None:
+        from profiler.metrics import LiveMetrics
+        from profiler.prometheus import MetricsServer
+
+        metrics = LiveMetrics(start_ns=recorder.start_ns)
+        closers.append(engine.bus.subscribe(metrics.on_event))
+        server = MetricsServer(metrics, args.metrics_port, args.metrics_host, model=engine.model_config.name)
+        closers.append(server.close)
     return closers
