@@ -1,0 +1,504 @@
+"""The kvscope terminal UI: one app for a live run, an attached run and a replay.
+
+Every figure comes from the database through ``RunReader`` (app/tui/data.py),
+read in a thread worker a few times a second; between reads the UI sleeps, and
+a read that takes long pushes the next one back, so the UI never takes more
+than a small share of a core from the engine. The shown position is either the
+newest recorded step (live) or a time in the run (replay): that is the only
+difference between watching, attaching and replaying.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import DataTable, Footer, Static
+
+from app.tui import fmt
+from app.tui.data import RunReader, View
+from app.tui.help_screen import HelpScreen
+from app.tui.keys import BINDINGS
+from app.tui.page_map import PageMap
+from app.tui.palette import STATE_COLOURS, STATE_NAMES, owner_colour
+from app.tui.panels import (
+    Panel,
+    churn_text,
+    fragmentation_text,
+    gpu_text,
+    kernels_table,
+    prefix_text,
+    throughput_text,
+)
+from app.tui.requests_table import COLUMNS, RequestsTable
+from app.tui.run_picker import RunPicker
+from app.tui.timeline import Timeline
+from db import queries
+from db.schema import RUNNING
+from engine.errors import KvscopeError
+
+# Seconds between database reads.
+REFRESH_S = 0.5
+# The reader may keep a core busy at most this share of the time: a read that
+# took longer pushes the next one back.
+MAX_DUTY = 0.05
+# Replay speeds (run seconds per wall second); a replay starts at the one that
+# plays the whole run in about REPLAY_TARGET_S.
+SPEEDS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+REPLAY_TARGET_S = 30.0
+# Narrower terminals stack the panels in fewer columns.
+NARROW_COLS = 120
+
+Job = Callable[[threading.Event], "dict[str, Any] | None"]
+
+
+def default_speed(duration_s: float) -> float:
+    """The replay speed nearest (in ratio) to playing ``duration_s`` in REPLAY_TARGET_S."""
+    wanted = max(duration_s, 1e-6) / REPLAY_TARGET_S
+    return min(SPEEDS, key=lambda s: abs(np.log(s / wanted)))
+
+
+class Loaded(Message):
+    """A read finished: a View, a line to show while there is nothing to view, or
+    None when nothing changed since the previous read."""
+
+    def __init__(self, outcome: View | str | None, seconds: float) -> None:
+        super().__init__()
+        self.outcome = outcome
+        self.seconds = seconds
+
+
+class JobEnded(Message):
+    """The engine job returned (or raised: ``KvscopeApp.job_error``)."""
+
+
+class KvscopeApp(App[None]):
+    """Watch a run's KV cache: live while ``job`` runs, or from a database."""
+
+    CSS_PATH = "tui.tcss"
+    TITLE = "kvscope"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [*BINDINGS, ("ctrl+c", "quit", "Quit")]
+
+    run_id: reactive[int | None] = reactive(None)
+    """The run on screen; None until one is found."""
+
+    follow: reactive[bool] = reactive(True)
+    """The position tracks the newest recorded step (live)."""
+
+    playing: reactive[bool] = reactive(False)
+    """A replay advances the position by ``speed`` run-seconds per wall second."""
+
+    speed: reactive[float] = reactive(1.0)
+    """Replay speed, one of SPEEDS."""
+
+    selected_request: reactive[int | None] = reactive(None)
+    """The request whose pages the map highlights."""
+
+    def __init__(
+        self,
+        db_path: str | Path,
+        run_id: int | None = None,
+        follow: bool = True,
+        job: Job | None = None,
+        refresh_s: float = REFRESH_S,
+    ) -> None:
+        super().__init__()
+        self.db_path = Path(db_path)
+        self.refresh_s = refresh_s
+        self.view: View | None = None
+        # Run seconds of the shown step while not following; None: the newest step.
+        self.position_s: float | None = None
+        self.stop = threading.Event()
+        self.job_result: dict[str, Any] | None = None
+        self.job_error: BaseException | None = None
+        self.job_done = threading.Event()
+        self.job_started = False
+        self._job = job
+        self._asked_run = run_id
+        self._reader = RunReader(self.db_path)
+        self._baseline_run = 0  # with a job: the newest run before it started
+        self._status = ""  # right-hand note of the run bar (waiting, errors, job state)
+        self._loading = False
+        self._pending = False
+        self._last_key: tuple | None = None
+        self._next_read = 0.0
+        self._last_tick = time.monotonic()
+        self.set_reactive(KvscopeApp.follow, follow)
+
+    # --- layout -------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="runbar")
+        with VerticalScroll(id="body"):
+            with Horizontal(id="top"):
+                with Vertical(id="map-panel"):
+                    yield PageMap(id="pagemap")
+                    yield Static(id="legend")
+                with Vertical(id="side"):
+                    yield Panel("Throughput", throughput_text, id="throughput")
+                    yield Panel("Prefix cache", prefix_text, id="prefix")
+            with Horizontal(id="middle"):
+                yield Panel("Fragmentation", fragmentation_text, id="fragmentation")
+                yield Panel("Eviction · offload · preemption", churn_text, id="churn")
+                yield Panel("GPU", gpu_text, id="gpu")
+            with Horizontal(id="bottom"):
+                yield RequestsTable(id="requests")
+                yield Panel("Kernels", lambda view, width: kernels_table(view), id="kernels")
+        yield Timeline(id="timeline")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#map-panel").border_title = "Page occupancy"
+        self.query_one(RequestsTable).border_title = "Requests"
+        self.query_one(RequestsTable).focus()
+        self._fit_layout()
+        self._show_runbar()
+        if self._job is not None:
+            # The newest run before the job starts: the job's run is the next one.
+            try:
+                if self._reader.ready():
+                    self._baseline_run = self._reader.newest_run() or 0
+            except (KvscopeError, sqlite3.Error):
+                pass
+            self.job_started = True
+            self.run_worker(self._run_job, thread=True, group="job", name="engine")
+        self.set_interval(self.refresh_s, self._tick)
+        self._read()
+
+    def on_resize(self) -> None:
+        self._fit_layout()
+
+    def _fit_layout(self) -> None:
+        self.screen.set_class(self.size.width < NARROW_COLS, "-narrow")
+
+    # --- the engine job ---------------------------------------------------------------
+
+    def _run_job(self) -> None:
+        assert self._job is not None
+        try:
+            self.job_result = self._job(self.stop)
+        except BaseException as exc:  # shown, then re-raised by run_tui after the UI closes
+            self.job_error = exc
+        finally:
+            self.job_done.set()
+            self.post_message(JobEnded())
+
+    def on_job_ended(self) -> None:
+        if self.job_error is not None:
+            self._status = f"run failed: {self.job_error}"
+            self.notify(str(self.job_error), title="Run failed", severity="error", timeout=30)
+        elif self.stop.is_set():
+            self._status = "run stopped"
+        else:
+            self._status = "run finished · q to quit"
+            self.notify("Run finished. Press q to quit.", title="kvscope", timeout=30)
+        self._show_runbar()
+        self._read()
+
+    # --- reading the database ----------------------------------------------------------
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if self.playing:
+            self._advance(now - self._last_tick)
+        self._last_tick = now
+        if now >= self._next_read:
+            self._read()
+
+    def _read(self) -> None:
+        """Read the position now, or as soon as the read in flight returns."""
+        if self._loading:
+            self._pending = True
+            return
+        self._loading = True
+        self._load(self.run_id, None if self.follow else self.position_s)
+
+    @work(thread=True, group="load")
+    def _load(self, run_id: int | None, position_s: float | None) -> None:
+        started = time.monotonic()
+        try:
+            outcome = self._fetch(run_id, position_s)
+        except (KvscopeError, sqlite3.Error) as exc:
+            outcome = f"cannot read {self.db_path}: {exc}"
+        self.post_message(Loaded(outcome, time.monotonic() - started))
+
+    def _fetch(self, run_id: int | None, position_s: float | None) -> View | str | None:
+        """Runs in the worker thread; the reader is only ever used there."""
+        reader = self._reader
+        if not reader.ready():
+            return f"waiting for {self.db_path} to be created"
+        if run_id is None:
+            run_id = self._asked_run or reader.newest_run(after=self._baseline_run)
+        if run_id is None:
+            return f"waiting for a run in {self.db_path}"
+        progress = queries.latest_step(reader.conn, run_id)
+        key = (run_id, position_s, progress.step, progress.events_written, progress.status)
+        if key == self._last_key:
+            return None
+        view = reader.view(run_id, position_s)
+        self._last_key = key
+        return view
+
+    def on_loaded(self, message: Loaded) -> None:
+        self._loading = False
+        # Back off so that reading stays under MAX_DUTY of a core.
+        self._next_read = time.monotonic() + max(0.0, message.seconds / MAX_DUTY - self.refresh_s)
+        if isinstance(message.outcome, View):
+            self._show(message.outcome)
+        elif isinstance(message.outcome, str):
+            self._status = message.outcome
+            self._show_runbar()
+        if self._pending:
+            self._pending = False
+            self._read()
+
+    # --- showing a view ---------------------------------------------------------------
+
+    def _show(self, view: View) -> None:
+        first = self.view is None or self.view.run.run_id != view.run.run_id
+        self.view = view
+        self.run_id = view.run.run_id
+        if self._status.startswith(("waiting", "cannot")):
+            self._status = ""
+        if first:
+            self.speed = default_speed(view.timeline.end_s)
+            if not self.follow:
+                self.position_s = view.t_s
+        for panel in self.query(Panel):
+            panel.view = view
+        self._show_page_map(view)
+        self.query_one(RequestsTable).requests = tuple(view.requests)
+        self._show_timeline()
+        self._show_runbar()
+
+    def _show_page_map(self, view: View) -> None:
+        self.query_one(PageMap).owners = view.pages
+        self._show_legend()
+
+    def _show_legend(self) -> None:
+        view, page_map = self.view, self.query_one(PageMap)
+        text = Text()
+        for code, name in STATE_NAMES.items():
+            text.append("■ ", style=STATE_COLOURS[code]).append(f"{name}  ", style="#c0c8d4")
+        text.append("■", style=owner_colour(0)).append("■", style=owner_colour(1))
+        text.append("■ ", style=owner_colour(2)).append("requests", style="#c0c8d4")
+        if view is not None and view.page_map is not None:
+            snapshot, grid = view.page_map, page_map.grid()
+            text.append("\n")
+            text.append(
+                f"{fmt.count(len(snapshot.owners))} pages · {grid.per_cell} per cell · "
+                f"snapshot of step {snapshot.step} + page events",
+                style="#6b7385",
+            )
+            if view.row is not None:
+                text.append(
+                    f" · host tier {fmt.count(view.row.host_pages_used)} pages", style="#6b7385"
+                )
+        if self.selected_request is not None:
+            held = (
+                next((r.pages for r in view.requests if r.request_id == self.selected_request), 0)
+                if view
+                else 0
+            )
+            text.append("\n")
+            text.append("■ ", style=owner_colour(self.selected_request))
+            text.append(
+                f"request {self.selected_request} selected: {held} pages (Esc to clear)",
+                style="bold #e5e9f0",
+            )
+        self.query_one("#legend", Static).update(text)
+
+    def _show_timeline(self) -> None:
+        timeline, view = self.query_one(Timeline), self.view
+        if view is None:
+            timeline.mode = "waiting"
+            return
+        live = view.run.status == RUNNING
+        if self.follow and live:
+            timeline.mode = "live"
+        elif self.playing:
+            timeline.mode = "playing"
+        else:
+            timeline.mode = "paused"
+        timeline.speed = self.speed
+        timeline.end_s = view.timeline.end_s
+        timeline.position_s = view.t_s if self.follow else (self.position_s or 0.0)
+        step = view.row.step if view.row else "—"
+        timeline.step_label = f"step {step} ({view.index + 1}/{len(view.timeline)})"
+
+    def _show_runbar(self) -> None:
+        text = Text.assemble((" kvscope ", "bold #1c1f26 on #5e9fd0"))
+        view = self.view
+        if view is not None:
+            run = view.run
+            text.append(f" run {run.run_id} ", style="bold #e5e9f0")
+            text.append(f"{run.kind}", style="#c0c8d4")
+            if run.model and run.model != run.kind:
+                text.append(f" · {Path(run.model).name}", style="#c0c8d4")
+            text.append(f" · {run.status}", style="#edc948" if run.status == RUNNING else "#8c9bb0")
+            text.append(f" · {fmt.count(run.requests)} requests", style="#c0c8d4")
+        text.append(f"  {self.db_path.name}", style="#6b7385")
+        if self._status:
+            text.append(f"  {self._status}", style="bold #edc948")
+        self.query_one("#runbar", Static).update(text)
+
+    # --- selection -------------------------------------------------------------------
+
+    def watch_selected_request(self, request_id: int | None) -> None:
+        self.query_one(PageMap).selected = request_id
+        if self.view is not None:
+            self._show_legend()
+        table = self.query_one(RequestsTable)
+        if request_id is not None and str(request_id) in table.rows:
+            table.move_cursor(row=table.get_row_index(str(request_id)))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value is not None:
+            self.selected_request = int(event.row_key.value)
+
+    def on_page_map_request_clicked(self, message: PageMap.RequestClicked) -> None:
+        self.selected_request = message.request_id
+
+    def action_unselect(self) -> None:
+        self.selected_request = None
+
+    def action_sort(self) -> None:
+        table = self.query_one(RequestsTable)
+        table.sort_column = (table.sort_column + 1) % len(COLUMNS)
+
+    # --- position and playback ---------------------------------------------------------
+
+    def _live(self) -> bool:
+        return self.view is not None and self.view.run.status == RUNNING
+
+    def _current_s(self) -> float:
+        if self.view is None:
+            return 0.0
+        return self.view.t_s if self.follow or self.position_s is None else self.position_s
+
+    def _seek(self, t_s: float) -> None:
+        """Show the step at ``t_s`` and stay there (pauses playback and following)."""
+        end = self.view.timeline.end_s if self.view else 0.0
+        self.follow = False
+        self.playing = False
+        self.position_s = min(max(t_s, 0.0), end)
+        self._show_timeline()
+        self._read()
+
+    def _advance(self, wall_s: float) -> None:
+        """Playback: move the position ``wall_s * speed`` run-seconds on."""
+        if self.view is None:
+            return
+        end = self.view.timeline.end_s
+        position = (self.position_s or 0.0) + wall_s * self.speed
+        if position < end:
+            self.position_s = position
+        elif self._live():
+            self.playing = False
+            self.follow = True  # caught up with a run still being written: go live
+        else:
+            self.playing = False
+            self.position_s = end
+        self._show_timeline()
+        self._read()
+
+    def action_toggle_play(self) -> None:
+        if self.view is None:
+            return
+        if self.playing:
+            self.playing = False
+        elif self.follow:
+            self._seek(self._current_s())
+        else:
+            if self.view.at_end and not self._live() and self.position_s is not None:
+                if self.position_s >= self.view.timeline.end_s:
+                    self.position_s = 0.0  # a finished replay plays again from the start
+            self.playing = True
+            self._last_tick = time.monotonic()
+        self._show_timeline()
+
+    def action_step(self, delta: int) -> None:
+        if self.view is None or not self.view.timeline:
+            return
+        timeline = self.view.timeline
+        current = timeline.index_at(self._current_s())
+        self._seek(timeline.t_s[min(max(current + delta, 0), len(timeline) - 1)])
+
+    def action_jump(self, fraction: float) -> None:
+        if self.view is not None:
+            self._seek(self._current_s() + fraction * self.view.timeline.end_s)
+
+    def action_seek_start(self) -> None:
+        self._seek(0.0)
+
+    def action_seek_end(self) -> None:
+        if self._live():
+            self.follow = True
+            self.playing = False
+            self._show_timeline()
+            self._read()
+        elif self.view is not None:
+            self._seek(self.view.timeline.end_s)
+
+    def action_speed(self, delta: int) -> None:
+        index = min(range(len(SPEEDS)), key=lambda i: abs(SPEEDS[i] - self.speed))
+        self.speed = SPEEDS[min(max(index + delta, 0), len(SPEEDS) - 1)]
+        self._show_timeline()
+
+    def on_timeline_seek(self, message: Timeline.Seek) -> None:
+        if self.view is not None:
+            self._seek(message.fraction * self.view.timeline.end_s)
+
+    # --- screens and quitting ----------------------------------------------------------
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_switch_run(self) -> None:
+        try:
+            runs = queries.list_runs(self.db_path)
+        except (KvscopeError, sqlite3.Error) as exc:
+            self.notify(str(exc), severity="error")
+            return
+        if not runs:
+            self.notify("no runs in this database yet")
+            return
+        self.push_screen(RunPicker(runs, self.run_id), self._switch_to)
+
+    def _switch_to(self, run_id: int | None) -> None:
+        if run_id is None or run_id == self.run_id:
+            return
+        self._asked_run = run_id
+        self.run_id = run_id
+        self.view = None
+        self.selected_request = None
+        self.playing = False
+        self.position_s = None
+        self.follow = next(
+            (
+                run.status == RUNNING
+                for run in queries.list_runs(self.db_path)
+                if run.run_id == run_id
+            ),
+            False,
+        )
+        self._read()
+
+    async def action_quit(self) -> None:
+        self.stop.set()  # a running job stops and marks its run interrupted
+        self.exit()
+
+    def on_unmount(self) -> None:
+        self.stop.set()

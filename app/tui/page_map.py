@@ -1,0 +1,161 @@
+"""The page occupancy map: one cell per KV page, coloured by who holds it.
+
+With few pages each page is a square ("■") in a grid labelled by page number;
+with more pages than fit, each character holds two cells (a half block, top and
+bottom), and with more still each cell aggregates several consecutive pages and
+shows the state most of them are in. Clicking a page selects its request.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+from rich.style import Style
+from rich.text import Text
+from textual import events
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from app.tui.data import PAGE_OFFLOADED
+from app.tui.palette import faded, owner_colour
+from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
+
+# Ties between states in an aggregated cell go to the most telling one.
+_PRIORITY = {PAGE_EVICTED: 4, PAGE_OFFLOADED: 3, PAGE_CACHED: 1, PAGE_FREE: 0}
+
+
+# Cell shapes from largest to smallest: (glyph, characters per cell, lines per
+# cell row). The first that fits all pages is used; the glyph's empty top part
+# and the trailing space keep neighbouring cells apart.
+CELL_SHAPES = (("▆▆▆", 4, 2), ("▆▆", 3, 1), ("■", 2, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    """How pages are laid out on the widget's characters."""
+
+    cols: int  # cells per row
+    rows: int  # rows of cells
+    per_cell: int  # consecutive pages shown by one cell
+    glyph: str  # a cell's characters; "" for dense mode (two cells per character)
+    cell_width: int  # characters per cell, gap included
+    row_height: int  # lines per row of cells
+    gutter: int  # characters of page-number labels left of each row
+
+    @property
+    def dense(self) -> bool:
+        return not self.glyph
+
+
+def plan_grid(num_pages: int, width: int, height: int) -> Grid:
+    """The most readable layout of ``num_pages`` on ``width`` x ``height`` characters.
+
+    Cells are as large as fits; rows hold a multiple of 8 cells (so rows start
+    at round page numbers) and no more than needed to use the height, so a
+    small pool is a block rather than a long strip.
+    """
+    width, height = max(width, 1), max(height, 1)
+    gutter = len(str(max(num_pages - 1, 0))) + 1
+    for glyph, cell_width, row_height in CELL_SHAPES:
+        max_cols = (width - gutter) // cell_width
+        max_rows = (height + row_height - 1) // row_height
+        if max_cols < 1 or num_pages > max_cols * max_rows:
+            continue
+        cols = -(-num_pages // max_rows)
+        cols = min(max_cols, -(-cols // 8) * 8) if max_cols >= 8 else max_cols
+        return Grid(cols, -(-num_pages // cols), 1, glyph, cell_width, row_height, gutter)
+    per_cell = max(1, -(-num_pages // (width * height * 2)))
+    cells = -(-num_pages // per_cell)
+    return Grid(width, -(-cells // width), per_cell, "", 1, 1, 0)
+
+
+def cell_owners(owners: np.ndarray, per_cell: int) -> np.ndarray:
+    """The owner each cell shows: its pages' most common owner (ties to requests,
+    then evicted, offloaded, cached, free)."""
+    if per_cell == 1:
+        return owners
+    cells = []
+    for start in range(0, len(owners), per_cell):
+        counts = Counter(owners[start : start + per_cell].tolist())
+        cells.append(max(counts, key=lambda o: (counts[o], _PRIORITY.get(o, 5))))
+    return np.asarray(cells, dtype=np.int32)
+
+
+class PageMap(Widget):
+    """The occupancy grid of one page-map snapshot."""
+
+    owners: reactive[np.ndarray | None] = reactive(None, always_update=True)
+    """Owner per page (request id, PAGE_* code or PAGE_OFFLOADED); None before the first snapshot."""
+
+    selected: reactive[int | None] = reactive(None)
+    """The request whose pages stand out (the others fade); None: all shown alike."""
+
+    class RequestClicked(Message):
+        """The user clicked a page held by ``request_id``."""
+
+        def __init__(self, request_id: int) -> None:
+            super().__init__()
+            self.request_id = request_id
+
+    def grid(self) -> Grid:
+        return plan_grid(0 if self.owners is None else len(self.owners), *self.size)
+
+    def render(self) -> Text:
+        if self.owners is None:
+            return Text("no page-map snapshot recorded yet", style="italic #8c9bb0")
+        grid = self.grid()
+        cells = cell_owners(self.owners, grid.per_cell)
+        text = Text(no_wrap=True, overflow="crop")
+        if grid.dense:
+            for row in range(0, grid.rows, 2):
+                top = cells[row * grid.cols : (row + 1) * grid.cols]
+                bottom = cells[(row + 1) * grid.cols : (row + 2) * grid.cols]
+                for col, owner in enumerate(top):
+                    below = self._colour(bottom[col]) if col < len(bottom) else None
+                    text.append("▀", Style(color=self._colour(owner), bgcolor=below))
+                text.append("\n")
+        else:
+            for row in range(grid.rows):
+                if row:
+                    text.append("\n" * grid.row_height)
+                label = str(row * grid.cols).rjust(grid.gutter - 1)
+                text.append(label + " ", style="#6b7385")
+                gap = " " * (grid.cell_width - len(grid.glyph))
+                for owner in cells[row * grid.cols : (row + 1) * grid.cols]:
+                    text.append(grid.glyph + gap, style=self._colour(owner))
+        text.rstrip()
+        return text
+
+    def _colour(self, owner: int) -> str:
+        colour = owner_colour(int(owner))
+        if self.selected is None or owner == self.selected:
+            return colour
+        return faded(colour)
+
+    def page_at(self, x: int, y: int) -> int | None:
+        """The first page shown at character (x, y) of the content, if any."""
+        if self.owners is None:
+            return None
+        grid = self.grid()
+        if grid.dense:
+            cell = 2 * y * grid.cols + x
+        else:
+            col = (x - grid.gutter) // grid.cell_width
+            if x < grid.gutter or col >= grid.cols or y % grid.row_height:
+                return None
+            cell = y // grid.row_height * grid.cols + col
+        page = cell * grid.per_cell
+        return page if 0 <= page < len(self.owners) else None
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        page = None if offset is None else self.page_at(offset.x, offset.y)
+        if page is None or self.owners is None:
+            return
+        pages = self.owners[page : page + self.grid().per_cell]
+        held = pages[pages >= 0]
+        if held.size:
+            self.post_message(self.RequestClicked(int(np.bincount(held).argmax())))

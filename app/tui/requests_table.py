@@ -1,0 +1,144 @@
+"""The requests panel: one row per request at the current position, sortable.
+
+Rows are rebuilt only when the requests changed, in the chosen order (the
+table's own sort would compare formatted text); the cursor stays on the same
+request across rebuilds. Enter or a click selects a request, which the page
+map then highlights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import DataTable
+
+from app.tui import fmt
+from app.tui.data import RequestState
+from app.tui.palette import owner_colour
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    key: str  # RequestState field the column shows and sorts by
+    label: str
+    width: int
+
+
+COLUMNS = (
+    Column("request_id", "id", 5),
+    Column("state", "state", 9),
+    Column("prompt_tokens", "prompt", 6),
+    Column("output_tokens", "out", 5),
+    Column("cached_tokens", "cached", 6),
+    Column("pages", "pages", 5),
+    Column("ttft_s", "TTFT", 8),
+    Column("tpot_s", "TPOT", 8),
+    Column("preemptions", "pre", 3),
+)
+
+STATE_STYLES = {
+    "running": "bold #59a14f",
+    "waiting": "#edc948",
+    "preempted": "bold #e15759",
+    "finished": "#8c9bb0",
+    "rejected": "#e15759",
+}
+
+
+def row_cells(r: RequestState) -> tuple[Text, ...]:
+    """The cells of one request's row (the id in the request's page-map colour)."""
+
+    def right(value: str) -> Text:
+        return Text(value, justify="right")
+
+    return (
+        Text.assemble(("■ ", owner_colour(r.request_id)), str(r.request_id)),
+        Text(r.state, style=STATE_STYLES[r.state]),
+        right(fmt.count(r.prompt_tokens)),
+        right(fmt.count(r.output_tokens)),
+        right(fmt.count(r.cached_tokens)),
+        right(fmt.count(r.pages)),
+        right(fmt.seconds(r.ttft_s)),
+        right(fmt.seconds(r.tpot_s)),
+        right(str(r.preemptions)),
+    )
+
+
+class RequestsTable(DataTable):
+    """Requests at the position; ``sort_column`` and ``sort_reverse`` order them."""
+
+    requests: reactive[tuple[RequestState, ...]] = reactive((), always_update=False)
+    """The rows shown: replaced only when a request changed, so the table is not rebuilt needlessly."""
+
+    sort_column: reactive[int] = reactive(0)
+    """Index into COLUMNS of the column the rows are ordered by."""
+
+    sort_reverse: reactive[bool] = reactive(False)
+    """Descending order (most pages, slowest TTFT first)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kw)
+
+    def on_mount(self) -> None:
+        for column in COLUMNS:
+            self.add_column(column.label, width=column.width, key=column.key)
+        self._relabel()
+
+    def watch_requests(self) -> None:
+        self._rebuild()
+
+    def watch_sort_column(self) -> None:
+        self._relabel()
+        self._rebuild()
+
+    def watch_sort_reverse(self) -> None:
+        self._relabel()
+        self._rebuild()
+
+    def sort_by(self, index: int) -> None:
+        """Order by column ``index``; asking again for the same column flips the order."""
+        if index == self.sort_column:
+            self.sort_reverse = not self.sort_reverse
+        else:
+            self.sort_column = index
+
+    def ordered(self) -> list[RequestState]:
+        """The requests in display order (a missing figure sorts below every number)."""
+        key = COLUMNS[self.sort_column].key
+
+        def value(r: RequestState) -> tuple[bool, object]:
+            v = getattr(r, key)
+            return (v is not None, v if v is not None else 0)
+
+        return sorted(self.requests, key=value, reverse=self.sort_reverse)
+
+    def _relabel(self) -> None:
+        if not self.columns:
+            return
+        for i, column in enumerate(COLUMNS):
+            arrow = ("▼" if self.sort_reverse else "▲") if i == self.sort_column else ""
+            self.columns[column.key].label = Text(column.label + arrow)
+        self.refresh()
+
+    def _rebuild(self) -> None:
+        if not self.columns:
+            return
+        cursor = self.cursor_request()
+        self.clear()
+        for r in self.ordered():
+            self.add_row(*row_cells(r), key=str(r.request_id))
+        if cursor is not None and str(cursor) in self.rows:
+            self.move_cursor(row=self.get_row_index(str(cursor)), animate=False, scroll=False)
+
+    def cursor_request(self) -> int | None:
+        """The request under the cursor, if any."""
+        if not self.row_count:
+            return None
+        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
+        return int(key.value) if key.value is not None else None
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        event.stop()
+        self.sort_by(event.column_index)
