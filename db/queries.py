@@ -51,6 +51,7 @@ __all__ = [
     "Comparison",
     "GpuPoint",
     "KernelStat",
+    "PageBalance",
     "PageMatrix",
     "PageSnapshot",
     "Progress",
@@ -66,6 +67,7 @@ __all__ = [
     "kernel_stats",
     "latest_step",
     "list_runs",
+    "page_accounting",
     "page_map_at",
     "page_maps",
     "requests_table",
@@ -137,6 +139,18 @@ class PageMatrix:
     t_s: list[float]
     owners: np.ndarray  # int32, shape (pages // page_stride, len(steps))
     page_stride: int  # row i shows page i * page_stride
+
+
+@dataclass(frozen=True, slots=True)
+class PageBalance:
+    """The page events replayed up to one snapshot, beside the snapshot itself."""
+
+    step: int
+    t_s: float
+    allocated: int  # page references handed out so far (a shared prefix page once per request)
+    freed: int  # page references given back so far
+    referenced: int  # distinct pages with references left: must equal ``owned``
+    owned: int  # pages with an owner in the snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,6 +567,51 @@ def page_maps(
         owners=owners[::stride],
         page_stride=stride,
     )
+
+
+def page_accounting(source: Source, run_id: int) -> list[PageBalance]:
+    """PagesAllocated / PagesFreed replayed in time order, checked at every snapshot.
+
+    A page shared by several requests (a prefix hit) is allocated once per
+    request and freed once per request; it is in use while any reference is
+    left. ``referenced == owned`` at every snapshot says the event stream and
+    the page maps tell the same story (without sharing, ``allocated - freed``
+    equals ``owned`` too).
+    """
+    with _connection(source) as conn:
+        start_ns = _run_origin(conn, run_id)
+        snapshots = conn.execute(
+            "SELECT step, ts_ns, pages_owned FROM page_maps WHERE run_id = ? ORDER BY ts_ns, id",
+            (run_id,),
+        ).fetchall()
+        changes = conn.execute(
+            """SELECT ts_ns, kind = 'pages_allocated', payload FROM events
+               WHERE run_id = ? AND kind IN ('pages_allocated', 'pages_freed')
+               ORDER BY ts_ns, id""",
+            (run_id,),
+        ).fetchall()
+    refs: dict[int, int] = {}
+    allocated = freed = referenced = 0
+    balances = []
+    i = 0
+    for step, ts_ns, owned in snapshots:
+        while i < len(changes) and changes[i][0] <= ts_ns:
+            _, is_alloc, payload = changes[i]
+            pages = json.loads(payload)["pages"]
+            for page in pages:
+                before = refs.get(page, 0)
+                after = before + (1 if is_alloc else -1)
+                refs[page] = after
+                referenced += (after > 0) - (before > 0)
+            if is_alloc:
+                allocated += len(pages)
+            else:
+                freed += len(pages)
+            i += 1
+        balances.append(
+            PageBalance(step, (ts_ns - start_ns) / 1e9, allocated, freed, referenced, owned)
+        )
+    return balances
 
 
 # --- requests, kernels, events -----------------------------------------------------------

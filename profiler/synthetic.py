@@ -160,6 +160,7 @@ class SyntheticRun:
         next_rid = 0
         step = 0
         while next_rid < num_requests or waiting or running:
+            now += 50_000  # the scheduler's turn: after the previous step's page map
             while next_rid < num_requests and arrivals[next_rid] <= step:
                 req = _Request(
                     next_rid, rng.randint(ps, 6 * ps), rng.randint(2, 24), rng.randrange(4), now

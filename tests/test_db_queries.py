@@ -16,6 +16,7 @@ from db import queries
 from db.schema import COMPLETE, INCOMPLETE, RUNNING
 from engine.errors import KvscopeError
 from engine.events import PAGE_FREE, PageMap, PagesAllocated, PagesFreed, StepSummary
+from profiler.recorder import Recorder
 from profiler.synthetic import SyntheticRun, record_synthetic
 
 
@@ -64,31 +65,41 @@ def _conn(path: Path):
 
 def test_pages_allocated_minus_freed_equal_pages_in_use_at_every_snapshot(recorded) -> None:
     path, run_id, run = recorded
-    in_use = 0
-    expected = {}
-    for event in run.events:
-        if isinstance(event, PagesAllocated):
-            in_use += len(event.pages)
-        elif isinstance(event, PagesFreed):
-            in_use -= len(event.pages)
-        elif isinstance(event, PageMap):
-            expected[event.step] = in_use
-    assert expected == run.truth.pages_in_use_at_snapshot
-    conn = _conn(path)
-    # The same balance, from the database alone.
-    for step, owned, blob in conn.execute(
-        "SELECT step, pages_owned, owners FROM page_maps WHERE run_id = ?", (run_id,)
-    ):
-        allocated, freed = (
-            conn.execute(
-                """SELECT COALESCE(SUM(json_array_length(payload, '$.pages')), 0) FROM events
-                   WHERE run_id = ? AND kind = ? AND step <= ?""",
-                (run_id, kind, step),
-            ).fetchone()[0]
-            for kind in ("pages_allocated", "pages_freed")
-        )
-        assert allocated - freed == owned == expected[step]
-        assert int(np.count_nonzero(queries.decode_owners(blob) >= 0)) == owned
+    balances = queries.page_accounting(path, run_id)
+    assert [b.step for b in balances] == list(run.truth.pages_in_use_at_snapshot)
+    for b in balances:
+        # The synthetic engine shares no pages: references and pages are one.
+        assert b.allocated - b.freed == b.referenced == b.owned
+        assert b.owned == run.truth.pages_in_use_at_snapshot[b.step]
+    assert balances[-1].allocated > balances[-1].owned  # pages were freed and reused
+    snap = queries.page_map_at(path, run_id, balances[3].step)
+    assert int(np.count_nonzero(snap.owners >= 0)) == balances[3].owned
+
+
+def test_page_accounting_counts_shared_prefix_pages_once(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    rec = Recorder(path, {}, "m", hardware={}, versions={})
+    t = rec.start_ns
+    owners = np.full(6, PAGE_FREE, dtype=np.int32)
+    events = [
+        PagesAllocated(t + 1, 0, 1, (0, 1, 2)),
+        PagesAllocated(t + 2, 0, 2, (0, 1)),  # prefix hit: shares pages 0 and 1
+        PagesAllocated(t + 3, 0, 2, (3,)),
+    ]
+    owners[[0, 1, 2, 3]] = [1, 1, 1, 2]
+    events.append(PageMap(t + 4, 0, owners.copy()))
+    events.append(PagesFreed(t + 5, 1, 1, (0, 1, 2)))  # request 1 done: 0, 1 still used by 2
+    owners[[0, 1, 2]] = [2, 2, PAGE_FREE]
+    events.append(PageMap(t + 6, 1, owners.copy()))
+    events.append(PagesAllocated(t + 7, 1, 3, (4,)))  # after the snapshot: not counted in it
+    for event in events:
+        rec.on_event(event)
+    rec.finish()
+    balances = queries.page_accounting(path, rec.run_id)
+    assert [(b.allocated, b.freed, b.referenced, b.owned) for b in balances] == [
+        (6, 0, 4, 4),
+        (6, 3, 3, 3),
+    ]
 
 
 def test_step_series_downsamples_and_keeps_totals(recorded) -> None:
