@@ -14,7 +14,10 @@ import bisect
 import json
 import os
 import sqlite3
+from collections import Counter
 from dataclasses import dataclass, field, fields
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -179,6 +182,46 @@ _REPLAY_ORDER = """CASE kind WHEN 'pages_freed' THEN 0 WHEN 'block_removed' THEN
     ELSE 5 END"""
 
 
+def _apply_page_events(
+    owners: np.ndarray, events: list[tuple[str, int | None, dict]], tree: frozenset[int]
+) -> None:
+    """Apply page events that share one step and timestamp to ``owners``.
+
+    Their order is unknown (the writer groups a batch by kind), so who holds a
+    page comes from counting: a request holds a page it was given more often
+    than it gave back. Pages nobody holds afterwards take the state their other
+    events leave, applied releases first.
+    """
+    size = len(owners)
+    holds: dict[int, Counter[int]] = {}
+    for kind, rid, event in events:
+        if kind in ("pages_allocated", "pages_freed") and rid is not None:
+            for page in event["pages"]:
+                if 0 <= page < size:
+                    if page not in holds:
+                        holds[page] = Counter({int(owners[page]): 1} if owners[page] >= 0 else {})
+                    holds[page][rid] += 1 if kind == "pages_allocated" else -1
+    for kind, _, event in events:
+        pages = [p for p in event.get("pages", ()) if 0 <= p < size]
+        if kind == "pages_freed":
+            owners[pages] = [PAGE_CACHED if p in tree else PAGE_FREE for p in pages]
+        elif kind == "block_stored":
+            owners[[p for p in pages if owners[p] < 0]] = PAGE_CACHED
+        elif kind == "block_removed":
+            owners[[p for p in pages if owners[p] == PAGE_CACHED]] = PAGE_FREE
+        elif kind == "page_evicted" and 0 <= event["page"] < size:
+            offloaded = event.get("action") == "offloaded"
+            owners[event["page"]] = PAGE_OFFLOADED if offloaded else PAGE_EVICTED
+        elif kind == "all_blocks_cleared":
+            owners[owners == PAGE_CACHED] = PAGE_FREE
+    for page, counts in holds.items():
+        holders = [rid for rid, n in counts.items() if n > 0]
+        if holders:
+            owners[page] = holders[-1]
+        elif owners[page] >= 0:
+            owners[page] = PAGE_CACHED if page in tree else PAGE_FREE
+
+
 class _At(NamedTuple):
     """A position: the shown step and its step summary's timestamp."""
 
@@ -302,8 +345,7 @@ class RunReader:
     # of consecutive steps can touch (the synthetic clock shares one per step).
     # Page events replay in step and time order; the writer inserts a batch grouped
     # by kind, so ids only order events of one kind, and events with equal
-    # timestamps go releases first (a page is freed or evicted before it is handed
-    # out again).
+    # timestamps are applied as one change (see _apply_page_events).
 
     def _step_row(self, run_id: int, step: int) -> StepRow:
         columns = ", ".join(STEP_COLUMNS[2:])
@@ -418,31 +460,18 @@ class RunReader:
                 if 0 <= page < len(owners) and owners[page] == PAGE_EVICTED
             ]
             owners[offloaded] = PAGE_OFFLOADED
-        for kind, rid, payload in self.conn.execute(
-            f"""SELECT kind, request_id, payload FROM events WHERE run_id = ?
+        rows = self.conn.execute(
+            f"""SELECT step, ts_ns, kind, request_id, payload FROM events WHERE run_id = ?
                AND kind IN ('pages_allocated', 'pages_freed', 'block_stored',
                             'block_removed', 'page_evicted', 'all_blocks_cleared')
                AND step > ? AND step <= ? AND ts_ns <= ?
                ORDER BY step, ts_ns, {_REPLAY_ORDER}, id""",
             (at.run_id, snapshot.step, at.step, at.ts_ns),
-        ):
-            event = json.loads(payload or "{}")
-            pages = [p for p in event.get("pages", ()) if 0 <= p < len(owners)]
-            if kind == "pages_allocated":
-                owners[pages] = rid
-            elif kind == "pages_freed":
-                for page in pages:
-                    if owners[page] == rid:
-                        owners[page] = PAGE_CACHED if page in tree else PAGE_FREE
-            elif kind == "block_stored":
-                owners[[p for p in pages if owners[p] < 0]] = PAGE_CACHED
-            elif kind == "block_removed":
-                owners[[p for p in pages if owners[p] == PAGE_CACHED]] = PAGE_FREE
-            elif kind == "page_evicted" and 0 <= event["page"] < len(owners):
-                offload = event.get("action") == "offloaded"
-                owners[event["page"]] = PAGE_OFFLOADED if offload else PAGE_EVICTED
-            elif kind == "all_blocks_cleared":
-                owners[owners == PAGE_CACHED] = PAGE_FREE
+        ).fetchall()
+        for _, group in groupby(rows, key=itemgetter(0, 1)):
+            _apply_page_events(
+                owners, [(kind, rid, json.loads(p or "{}")) for *_, kind, rid, p in group], tree
+            )
         return owners
 
     def _requests(self, at: _At, t_s: float, pages: np.ndarray | None) -> list[RequestState]:

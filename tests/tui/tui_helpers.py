@@ -1,0 +1,81 @@
+"""Recording databases with known contents, and helpers to drive the TUI over them.
+
+The database holds two synthetic runs recorded through the real Recorder:
+run 1 (small) and run 2 (the one the tests check: page pressure, so it has
+evictions, offloads, reloads and preemptions, and GPU samples). Hardware is
+fixed so kernel "% of peak" figures and snapshots are the same on any machine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.tui.app import KvscopeApp
+from app.tui.data import View
+from profiler.recorder import Recorder
+from profiler.synthetic import SyntheticRun
+
+HARDWARE = {"machine": "test", "cpu": "test", "gpus": [], "peak_tflops": 0.5, "peak_gbps": 20.0}
+VERSIONS = {"kvscope": "test"}
+SMALL = {"num_requests": 8, "num_pages": 64, "seed": 3}
+MAIN = {"num_requests": 30, "num_pages": 24, "seed": 1, "gpu": True}
+
+
+def make_recorder(path: Path, **kw: Any) -> Recorder:
+    return Recorder(
+        path,
+        {"synthetic": True},
+        "synthetic",
+        "synthetic",
+        hardware=HARDWARE,
+        versions=VERSIONS,
+        **kw,
+    )
+
+
+def record(path: Path, **params: Any) -> tuple[int, SyntheticRun]:
+    """Record a synthetic run into ``path``; returns (run id, the run and its truth)."""
+    recorder = make_recorder(path)
+    run = SyntheticRun(recorder.start_ns, **params)
+    for event in run.events:
+        recorder.on_event(event)
+    recorder.finish("complete")
+    return recorder.run_id, run
+
+
+class Recorded:
+    """The shared database: its path, the checked run's id and its synthetic truth."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.small_id, self.small = record(path, **SMALL)
+        self.run_id, self.run = record(path, **MAIN)
+
+
+async def wait_for(pilot: Any, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Let the app run until ``condition()`` holds (reads happen in a worker thread)."""
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError("the TUI did not reach the expected state in time")
+        await pilot.pause(0.02)
+
+
+async def wait_for_view(
+    pilot: Any, app: KvscopeApp, check: Callable[[View], bool] = lambda view: True
+) -> View:
+    """Wait until the app shows a view that passes ``check``; returns it."""
+    await wait_for(pilot, lambda: app.view is not None and check(app.view))
+    await pilot.pause()
+    assert app.view is not None
+    return app.view
+
+
+def viewer(recorded: Recorded, **kw: Any) -> KvscopeApp:
+    """The TUI on the shared database, opened for replay at the checked run's end."""
+    kw.setdefault("follow", False)
+    kw.setdefault("refresh_s", 0.05)
+    return KvscopeApp(recorded.path, **kw)
