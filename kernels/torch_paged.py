@@ -23,7 +23,7 @@ from kernels.torch_sdpa import sdpa_one
 def _decode_gather_index(
     meta: AttentionMetadata, rows: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Padded page ids [B, max_pages] and key mask [B, 1, 1, max_pages*page_size]."""
+    """Padded page ids [B * max_pages] and key mask [B, 1, 1, max_pages * page_size]."""
     indptr = meta.kv_indptr.tolist()
     counts = [indptr[r + 1] - indptr[r] for r in rows]
     max_pages = max(counts)
@@ -34,7 +34,7 @@ def _decode_gather_index(
     lens = torch.tensor([meta.kv_lens[r] for r in rows], device=device)
     positions = torch.arange(max_pages * meta.page_size, device=device)
     mask = (positions[None, :] < lens[:, None])[:, None, None, :]
-    return index, mask
+    return index.flatten(), mask
 
 
 def _split_rows(meta: AttentionMetadata) -> tuple[list[int], list[int]]:
@@ -49,12 +49,30 @@ def _gather(
     kv_pages: torch.Tensor,
     scales: torch.Tensor | None,
     kv_format: str,
-    index: torch.Tensor,
+    page_ids: torch.Tensor,
     dtype: torch.dtype,
-) -> torch.Tensor:
-    """Pages ``index`` (any shape) as ``[*index.shape, 2, ps, Hkv, D]`` of ``dtype``."""
-    payload = kv_pages[index]
-    return dequantize(payload, None if scales is None else scales[index], kv_format, dtype)
+    buffers: dict | None = None,
+) -> list[torch.Tensor]:
+    """K and V of pages ``page_ids``, each ``[len(page_ids) * page_size, Hkv, D]``.
+
+    One ``index_select`` per tensor copies whole pages (memcpy-sized chunks);
+    SDPA then reads K/V through a head-transposed view, which measured faster
+    than gathering head-major. ``buffers`` (the step's metadata cache) lets all
+    layers of a step reuse one allocation instead of paying fresh-page faults.
+    """
+    out = []
+    for which in (0, 1):
+        payload = kv_pages[:, which]  # [P, ps, Hkv, D']
+        shape = (page_ids.numel(), *payload.shape[1:])
+        buffer = None if buffers is None else buffers.get(("pages", which))
+        if buffer is None or buffer.shape != shape or buffer.dtype != payload.dtype:
+            buffer = torch.empty(shape, dtype=payload.dtype, device=payload.device)
+            if buffers is not None:
+                buffers[("pages", which)] = buffer
+        torch.index_select(payload, 0, page_ids, out=buffer)
+        picked = None if scales is None else scales[:, which][page_ids]
+        out.append(dequantize(buffer, picked, kv_format, dtype).flatten(0, 1))
+    return out
 
 
 def _decode(
@@ -68,15 +86,15 @@ def _decode(
 ) -> torch.Tensor:
     if "decode_index" not in meta.cache:
         meta.cache["decode_index"] = _decode_gather_index(meta, rows)
-    index, mask = meta.cache["decode_index"]
+    page_ids, mask = meta.cache["decode_index"]
     batch, num_q_heads, head_dim = q.shape
-    page_size, num_kv_heads = kv_pages.shape[2], kv_pages.shape[3]
-    group = num_q_heads // num_kv_heads
-    pages = _gather(kv_pages, scales, kv_format, index, q.dtype)  # [B, P, 2, ps, Hkv, D]
-    seq = index.shape[1] * page_size
-    k = pages[:, :, 0].reshape(batch, seq, num_kv_heads, head_dim).transpose(1, 2)
-    v = pages[:, :, 1].reshape(batch, seq, num_kv_heads, head_dim).transpose(1, 2)
-    qg = q.view(batch, num_kv_heads, group, head_dim)
+    num_kv_heads = kv_pages.shape[3]
+    k, v = (
+        x.view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+        for x in _gather(kv_pages, scales, kv_format, page_ids, q.dtype, meta.cache)
+    )
+    # The query heads of a GQA group are their KV head's query rows: no K/V repeat.
+    qg = q.view(batch, num_kv_heads, -1, head_dim)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
     return out.reshape(batch, num_q_heads, head_dim)
 
@@ -108,12 +126,9 @@ def paged_attention_torch(
             q[token_rows], kv_pages, scales, kv_format, meta, decode_rows, scale
         )
     indptr = meta.cache.setdefault("indptr_host", meta.kv_indptr.tolist())
-    num_kv_heads, head_dim = kv_pages.shape[3], q.shape[-1]
     for r in prefill_rows:
         page_ids = meta.kv_indices[indptr[r] : indptr[r + 1]].long()
-        kv = _gather(kv_pages, scales, kv_format, page_ids, q.dtype)  # [P, 2, ps, Hkv, D]
+        k, v = _gather(kv_pages, scales, kv_format, page_ids, q.dtype)
         kv_len = meta.kv_lens[r]
-        k = kv[:, 0].reshape(-1, num_kv_heads, head_dim)[:kv_len]
-        v = kv[:, 1].reshape(-1, num_kv_heads, head_dim)[:kv_len]
-        out[cu[r] : cu[r + 1]] = sdpa_one(q[cu[r] : cu[r + 1]], k, v, True, scale)
+        out[cu[r] : cu[r + 1]] = sdpa_one(q[cu[r] : cu[r + 1]], k[:kv_len], v[:kv_len], True, scale)
     return out

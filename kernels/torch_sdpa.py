@@ -15,21 +15,17 @@ def sdpa_one(
 ) -> torch.Tensor:
     """q ``[q_len, Hq, D]`` over k, v ``[kv_len, Hkv, D]``, bottom-right causal."""
     q_len, kv_len = q.shape[0], k.shape[0]
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    qh, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
     if not causal:
-        out = F.scaled_dot_product_attention(qh, kh, vh, scale=scale, enable_gqa=True)
+        out = F.scaled_dot_product_attention(qh, k, v, scale=scale, enable_gqa=True)
     elif q_len == kv_len:
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
-        )
+        out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
     else:
         # Query i sits at position kv_len - q_len + i. A row with no visible
         # key (more queries than keys) is zeroed, as the kernels do, instead
         # of SDPA's NaN.
         mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True
-        )
+        out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         if kv_len < q_len:
             out[:, : q_len - kv_len] = 0
     return out.transpose(0, 1)
@@ -51,7 +47,6 @@ def varlen_attention_torch(
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for i in range(len(cu_q) - 1):
         q_rows, k_rows = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
-        out[q_rows] = sdpa_one(
-            q[q_rows], k[k_rows].to(q.dtype), v[k_rows].to(q.dtype), causal, sm_scale
-        )
+        k_i, v_i = k[k_rows].to(q.dtype), v[k_rows].to(q.dtype)
+        out[q_rows] = sdpa_one(q[q_rows], k_i, v_i, causal, sm_scale)
     return out

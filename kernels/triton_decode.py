@@ -153,9 +153,10 @@ def _decode_merge_kernel(
 
 
 def _device_parallelism(device: torch.device) -> int:
-    """Programs the device runs at once, roughly: two per SM on a GPU."""
+    """Programs worth having in flight: four per SM on a GPU, so each SM keeps
+    several independent K/V streams waiting on memory at once."""
     if device.type == "cuda":
-        return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
     return 8
 
 
