@@ -1,11 +1,12 @@
 """The kvscope terminal UI: one app for a live run, an attached run and a replay.
 
 Every figure comes from the database through ``RunReader`` (app/tui/data.py),
-read in a thread worker a few times a second; between reads the UI sleeps, and
-a read that takes long pushes the next one back, so the UI never takes more
-than a small share of a core from the engine. The shown position is either the
-newest recorded step (live) or a time in the run (replay): that is the only
-difference between watching, attaching and replaying.
+read in a thread worker a few times a second; between reads the UI sleeps.
+Reading and drawing spend from a CPU budget (a share of one core, refilled
+with time), so a large run makes the UI refresh less often instead of taking
+a core from the engine. The shown position is either the newest recorded step
+(live) or a time in the run (replay): that is the only difference between
+watching, attaching and replaying.
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ from engine.errors import KvscopeError
 
 # Seconds between database reads.
 REFRESH_S = 0.5
-# The reader may keep a core busy at most this share of the time: a read that
-# took longer pushes the next one back.
-MAX_DUTY = 0.05
+# Share of one core the UI (reads and drawing) may use while an engine runs
+# (a live run, in this process or another), and while replaying a finished run;
+# and the most CPU seconds it may save up for a burst (keys, a new view).
+LIVE_DUTY = 0.04
+REPLAY_DUTY = 0.25
+MAX_BURST_S = 0.1
 # Replay speeds (run seconds per wall second); a replay starts at the one that
 # plays the whole run in about REPLAY_TARGET_S.
 SPEEDS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
@@ -73,10 +77,10 @@ class Loaded(Message):
     """A read finished: a View, a line to show while there is nothing to view, or
     None when nothing changed since the previous read."""
 
-    def __init__(self, outcome: View | str | None, seconds: float) -> None:
+    def __init__(self, outcome: View | str | None, cpu_s: float) -> None:
         super().__init__()
         self.outcome = outcome
-        self.seconds = seconds
+        self.cpu_s = cpu_s  # CPU the read took in the worker thread
 
 
 class JobEnded(Message):
@@ -133,7 +137,9 @@ class KvscopeApp(App[None]):
         self._loading = False
         self._pending = False
         self._last_key: tuple | None = None
-        self._next_read = 0.0
+        self._budget_s = 0.0  # CPU seconds the UI may still spend (see LIVE_DUTY)
+        self._spent_s = time.thread_time()  # CPU of the UI thread and reads so far
+        self._read_cpu_s = 0.0  # CPU the reads have used in the worker thread
         self._last_tick = time.monotonic()
         self.set_reactive(KvscopeApp.follow, follow)
 
@@ -211,10 +217,15 @@ class KvscopeApp(App[None]):
 
     def _tick(self) -> None:
         now = time.monotonic()
+        spent = time.thread_time() + self._read_cpu_s
+        duty = LIVE_DUTY if self._job is not None or self._live() else REPLAY_DUTY
+        self._budget_s += (now - self._last_tick) * duty - (spent - self._spent_s)
+        self._budget_s = min(self._budget_s, MAX_BURST_S)
+        self._spent_s = spent
         if self.playing:
             self._advance(now - self._last_tick)
         self._last_tick = now
-        if now >= self._next_read:
+        if self._budget_s >= 0:
             self._read()
 
     def _read(self) -> None:
@@ -227,12 +238,12 @@ class KvscopeApp(App[None]):
 
     @work(thread=True, group="load")
     def _load(self, run_id: int | None, position_s: float | None) -> None:
-        started = time.monotonic()
+        started = time.thread_time()
         try:
             outcome = self._fetch(run_id, position_s)
         except (KvscopeError, sqlite3.Error) as exc:
             outcome = f"cannot read {self.db_path}: {exc}"
-        self.post_message(Loaded(outcome, time.monotonic() - started))
+        self.post_message(Loaded(outcome, time.thread_time() - started))
 
     def _fetch(self, run_id: int | None, position_s: float | None) -> View | str | None:
         """Runs in the worker thread; the reader is only ever used there."""
@@ -253,8 +264,7 @@ class KvscopeApp(App[None]):
 
     def on_loaded(self, message: Loaded) -> None:
         self._loading = False
-        # Back off so that reading stays under MAX_DUTY of a core.
-        self._next_read = time.monotonic() + max(0.0, message.seconds / MAX_DUTY - self.refresh_s)
+        self._read_cpu_s += message.cpu_s
         if isinstance(message.outcome, View):
             self._show(message.outcome)
         elif isinstance(message.outcome, str):
@@ -318,7 +328,9 @@ class KvscopeApp(App[None]):
                 f"request {self.selected_request} selected: {held} pages (Esc to clear)",
                 style="bold #e5e9f0",
             )
-        self.query_one("#legend", Static).update(text)
+        legend = self.query_one("#legend", Static)
+        # Relayout only when the legend gains or loses a line.
+        legend.update(text, layout=str(text).count("\n") != str(legend.content).count("\n"))
 
     def _show_timeline(self) -> None:
         timeline, view = self.query_one(Timeline), self.view
@@ -352,7 +364,7 @@ class KvscopeApp(App[None]):
         text.append(f"  {self.db_path.name}", style="#6b7385")
         if self._status:
             text.append(f"  {self._status}", style="bold #edc948")
-        self.query_one("#runbar", Static).update(text)
+        self.query_one("#runbar", Static).update(text, layout=False)
 
     # --- selection -------------------------------------------------------------------
 
@@ -412,7 +424,6 @@ class KvscopeApp(App[None]):
             self.playing = False
             self.position_s = end
         self._show_timeline()
-        self._read()
 
     def action_toggle_play(self) -> None:
         if self.view is None:

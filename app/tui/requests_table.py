@@ -80,6 +80,7 @@ class RequestsTable(DataTable):
 
     def __init__(self, **kw) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kw)
+        self._shown: list[RequestState] = []  # the rows on screen, in order
 
     def on_mount(self) -> None:
         for column in COLUMNS:
@@ -123,14 +124,25 @@ class RequestsTable(DataTable):
         self.refresh()
 
     def _rebuild(self) -> None:
+        """Show ``requests`` in order: cells of changed rows are updated in place when
+        the rows and their order are the same (the common case while a run goes on),
+        else the table is refilled."""
         if not self.columns:
             return
-        cursor = self.cursor_request()
-        self.clear()
-        for r in self.ordered():
-            self.add_row(*row_cells(r), key=str(r.request_id))
-        if cursor is not None and str(cursor) in self.rows:
-            self.move_cursor(row=self.get_row_index(str(cursor)), animate=False, scroll=False)
+        ordered = self.ordered()
+        if [r.request_id for r in ordered] == [r.request_id for r in self._shown]:
+            for new, old in zip(ordered, self._shown, strict=True):
+                if new != old:
+                    for column, cell in zip(COLUMNS, row_cells(new), strict=True):
+                        self.update_cell(str(new.request_id), column.key, cell)
+        else:
+            cursor = self.cursor_request()
+            self.clear()
+            for r in ordered:
+                self.add_row(*row_cells(r), key=str(r.request_id))
+            if cursor is not None and str(cursor) in self.rows:
+                self.move_cursor(row=self.get_row_index(str(cursor)), animate=False, scroll=False)
+        self._shown = ordered
 
     def cursor_request(self) -> int | None:
         """The request under the cursor, if any."""

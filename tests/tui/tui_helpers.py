@@ -8,8 +8,10 @@ fixed so kernel "% of peak" figures and snapshots are the same on any machine.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,16 @@ class Recorded:
         self.run_id, self.run = record(path, **MAIN)
 
 
+def aio(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async test (Textual's Pilot is async) without an async pytest plugin."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
 async def wait_for(pilot: Any, condition: Callable[[], bool], timeout: float = 10.0) -> None:
     """Let the app run until ``condition()`` holds (reads happen in a worker thread)."""
     end = time.monotonic() + timeout
@@ -72,6 +84,37 @@ async def wait_for_view(
     await pilot.pause()
     assert app.view is not None
     return app.view
+
+
+async def settle(pilot: Any, app: KvscopeApp) -> View:
+    """Wait until the shown view is the one at the app's current position."""
+
+    def shown() -> bool:
+        view = app.view
+        if view is None or app._loading:
+            return False
+        wanted = (
+            len(view.timeline) - 1 if app.follow else view.timeline.index_at(app.position_s or 0)
+        )
+        return view.index == wanted
+
+    await wait_for(pilot, shown)
+    await pilot.pause()
+    assert app.view is not None
+    return app.view
+
+
+async def goto_step(pilot: Any, app: KvscopeApp, step: int) -> View:
+    """Move the replay to ``step`` with the keys a user would press (Home, PgDn, arrows)."""
+    await wait_for_view(pilot, app)
+    await pilot.press("home")
+    view = await settle(pilot, app)
+    while view.row is not None and view.row.step != step:
+        ahead = step - view.row.step
+        key = "pagedown" if ahead > len(view.timeline) // 8 else ("right" if ahead > 0 else "left")
+        await pilot.press(key)
+        view = await settle(pilot, app)
+    return view
 
 
 def viewer(recorded: Recorded, **kw: Any) -> KvscopeApp:
