@@ -15,30 +15,30 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.cost_model import CPU_COPY_BYTES_PER_S, CPU_FLOPS, OffloadCost
 from engine.engine_config import EngineConfig
 from engine.errors import KvscopeError, RequestError
 from engine.events import (
+    ChunkScheduled,
     EventBus,
     FirstToken,
+    KernelTiming,
     RequestArrived,
     RequestFinished,
     RequestPreempted,
     RequestRejected,
-    ChunkScheduled,
-    KernelTiming,
     RequestResumed,
     RequestScheduled,
     StepSummary,
     now_ns,
 )
-from engine.kv_manager import KVCacheManager
-from engine.cost_model import CPU_COPY_BYTES_PER_S, CPU_FLOPS, OffloadCost
 from engine.eviction import make_policy
 from engine.host_tier import HostTier
+from engine.kv_manager import KVCacheManager
 from engine.kv_storage import KVStorage
-from engine.radix_cache import RadixCache
 from engine.loader import LoadedModel, load_model
 from engine.model import DecoderModel
+from engine.radix_cache import RadixCache
 from engine.request import Request, Status
 from engine.runner import ModelRunner
 from engine.sampler import SamplingParams, sample
@@ -55,6 +55,16 @@ class RequestOutput:
     finish_reason: str | None
     finished: bool
     new_token_ids: list[int]
+
+
+def resolve_attention_backend(config: EngineConfig) -> str:
+    """``torch`` or ``triton`` for this device; a clear error when Triton cannot run here."""
+    from kernels import BackendError, resolve_backend
+
+    try:
+        return resolve_backend(config.attention_backend, config.device)
+    except BackendError as exc:
+        raise KvscopeError(str(exc)) from None
 
 
 def device_memory_bytes(device: str) -> int:
@@ -96,11 +106,13 @@ class Engine:
             )
         self.num_pages = num_pages
         self.kv = KVCacheManager(num_pages, self.config.page_size, self.bus)
-        self.storage = KVStorage(mcfg.num_layers, num_pages, self.config.page_size, mcfg.num_kv_heads, mcfg.head_dim)
+        self.storage = KVStorage(
+            mcfg.num_layers, num_pages, self.config.page_size, mcfg.num_kv_heads, mcfg.head_dim, self.config.kv_dtype
+        )
         self.offload_cost = OffloadCost(mcfg.num_params, self.bytes_per_token, CPU_FLOPS, CPU_COPY_BYTES_PER_S)
         if self.config.offload != "never" or self.config.preemption == "swap":
             slots = max(1, int(self.config.host_budget_bytes // page_bytes))
-            self.kv.host = HostTier(self.storage.pages, slots)
+            self.kv.host = HostTier(self.storage.tensors, slots)
         if self.config.prefix_cache:
             self.kv.prefix = RadixCache(
                 self.kv.pool,
@@ -109,7 +121,7 @@ class Engine:
                 self.kv.host,
                 should_offload=self._should_offload,
             )
-        self.runner = ModelRunner(self.model, self.storage, backend="torch")
+        self.runner = ModelRunner(self.model, self.storage, backend=resolve_attention_backend(self.config))
         self.runner.kernel_sink = self._on_kernel
         self.scheduler = Scheduler(self.config, self.kv)
         self.step_count = 0

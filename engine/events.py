@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -38,15 +38,15 @@ class Event:
     def payload(self) -> dict[str, Any]:
         """The event's own fields (without ts/step) as plain JSON-able values."""
         out: dict[str, Any] = {}
-        for name in self.__dataclass_fields__:
-            if name in ("ts_ns", "step"):
+        for f in fields(self):
+            if f.name in ("ts_ns", "step"):
                 continue
-            value = getattr(self, name)
+            value = getattr(self, f.name)
             if isinstance(value, np.ndarray):
                 value = value.tolist()
             elif isinstance(value, tuple):
                 value = list(value)
-            out[name] = value
+            out[f.name] = value
         return out
 
 

@@ -1,7 +1,8 @@
 """The CPU offload tier: a host-memory page pool that evicted or swapped pages move to.
 
-Same page layout as the device pool, so a page moves with one copy per
-direction (pinned memory when CUDA is present, for asynchronous DMA).
+Same page layout as the device pool (payload and, for int8/int4, scales), so
+a page moves with one copy per tensor and direction (pinned memory when CUDA
+is present, for asynchronous DMA).
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import torch
 
 
 class HostTier:
-    def __init__(self, device_pages: torch.Tensor, num_slots: int) -> None:
-        shape = (device_pages.shape[0], num_slots, *device_pages.shape[2:])
-        pin = torch.cuda.is_available() and device_pages.is_cuda
-        self.device_pages = device_pages
-        self.pages = torch.empty(shape, dtype=device_pages.dtype, pin_memory=pin)
+    def __init__(self, device_tensors: list[torch.Tensor], num_slots: int) -> None:
+        """``device_tensors``: the stacked ``[layers, num_pages, ...]`` tensors of the device pool."""
+        self.device_tensors = device_tensors
+        self.tensors = [
+            torch.empty((t.shape[0], num_slots, *t.shape[2:]), dtype=t.dtype, pin_memory=t.is_cuda)
+            for t in device_tensors
+        ]
         self.num_slots = num_slots
         self._free = list(range(num_slots - 1, -1, -1))
 
@@ -32,13 +35,15 @@ class HostTier:
         """Copy a device page out; returns (host slot, seconds)."""
         slot = self._free.pop()
         t0 = time.perf_counter()
-        self.pages[:, slot].copy_(self.device_pages[:, page])
+        for host, device in zip(self.tensors, self.device_tensors, strict=True):
+            host[:, slot].copy_(device[:, page])
         return slot, time.perf_counter() - t0
 
     def load(self, slot: int, page: int) -> float:
         """Copy a host slot back into a device page; frees the slot. Returns seconds."""
         t0 = time.perf_counter()
-        self.device_pages[:, page].copy_(self.pages[:, slot])
+        for host, device in zip(self.tensors, self.device_tensors, strict=True):
+            device[:, page].copy_(host[:, slot])
         seconds = time.perf_counter() - t0
         self.release(slot)
         return seconds

@@ -1,13 +1,18 @@
-"""The KV tensors: one page pool per layer, ``[num_pages, 2, page_size, Hkv, D]`` (NHD).
+"""The KV tensors: every layer's pages in one storage format (fp32 ... int4).
 
-New tokens' K and V are written through a slot mapping (slot = page *
-page_size + offset), the layout FlashInfer and vLLM use, so any kernel that
-reads the CSR page table can read these pages.
+Layer ``i`` is a ``kernels.KVPages`` view: payload ``[num_pages, 2, page_size,
+Hkv, D']`` (NHD) plus, for int8/int4, its scales. All layers live in one
+stacked tensor (and one stacked scales tensor) so a page moves to or from the
+host tier with one copy per tensor. New tokens' K/V are quantized on the way
+in, through a slot mapping (slot = page * page_size + offset), the layout
+FlashInfer and vLLM use.
 """
 
 from __future__ import annotations
 
 import torch
+
+from kernels import KVPages
 
 
 class KVStorage:
@@ -18,23 +23,30 @@ class KVStorage:
         page_size: int,
         num_kv_heads: int,
         head_dim: int,
-        dtype: torch.dtype = torch.float32,
+        kv_format: str = "fp32",
         device: str | torch.device = "cpu",
     ) -> None:
         self.page_size = page_size
-        self.pages = torch.zeros(num_layers, num_pages, 2, page_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self.kv_format = kv_format
+        stacked = KVPages.allocate(num_layers * num_pages, page_size, num_kv_heads, head_dim, kv_format, device)
+        self.data = stacked.data.view(num_layers, num_pages, *stacked.data.shape[1:])
+        self.scales = None if stacked.scales is None else stacked.scales.view(num_layers, num_pages, *stacked.scales.shape[1:])
+        self.layers = [
+            KVPages(self.data[i], None if self.scales is None else self.scales[i], kv_format, head_dim)
+            for i in range(num_layers)
+        ]
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """The stacked tensors, ``[layers, num_pages, ...]`` each, that make up a page."""
+        return [self.data] if self.scales is None else [self.data, self.scales]
 
     @property
     def nbytes(self) -> int:
-        return self.pages.numel() * self.pages.element_size()
+        return sum(t.numel() * t.element_size() for t in self.tensors)
 
-    def layer(self, i: int) -> torch.Tensor:
-        return self.pages[i]
+    def layer(self, i: int) -> KVPages:
+        return self.layers[i]
 
-    def write(self, layer: int, page_idx: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        kv = self.pages[layer]
-        kv[page_idx, 0, offsets] = k.to(kv.dtype)
-        kv[page_idx, 1, offsets] = v.to(kv.dtype)
-
-    def copy_page(self, src: int, dst: int) -> None:
-        self.pages[:, dst] = self.pages[:, src]
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.layers[layer].write(slots, k, v)

@@ -24,7 +24,6 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.eviction import LRU
 from engine.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -35,6 +34,7 @@ from engine.events import (
     PageReloaded,
     now_ns,
 )
+from engine.eviction import LRU
 from engine.host_tier import HostTier
 from engine.page_pool import OutOfPages, PagePool
 

@@ -12,8 +12,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from engine.eviction import FIFO, LFU, LRU
 from engine.events import EventBus
+from engine.eviction import FIFO, LFU, LRU
 from engine.host_tier import HostTier
 from engine.page_pool import PagePool
 from engine.radix_cache import RadixCache
@@ -31,7 +31,7 @@ class CacheMachine(RuleBasedStateMachine):
         super().__init__()
         self.pool = PagePool(PAGES, PAGE)
         storage = torch.zeros(1, PAGES, 2, PAGE, 1, 1)
-        self.host = HostTier(storage, 6)
+        self.host = HostTier([storage], 6)
         self.offload = False
         self.events = []
         bus = EventBus()
@@ -97,7 +97,7 @@ TestRadixCache = CacheMachine.TestCase
 def test_hit_after_insert_and_offload_roundtrip():
     pool = PagePool(4, 2)
     storage = torch.randn(1, 4, 2, 2, 1, 1)
-    host = HostTier(storage, 4)
+    host = HostTier([storage], 4)
     cache = RadixCache(pool, EventBus(), LRU(), host, should_offload=lambda: True)
     tokens = [5, 6, 7, 8, 9]
     pages = pool.allocate(3)
