@@ -10,7 +10,7 @@ import sqlite3
 
 import numpy as np
 import pytest
-from tui_helpers import Recorded, aio, goto_step, viewer, wait_for_view
+from tui_helpers import Recorded, aio, goto_step, rich_text, viewer, wait_for_view
 
 from app.tui import fmt
 from app.tui.page_map import PageMap
@@ -115,7 +115,7 @@ async def test_every_panel_shows_the_databases_figures(
 
         # Kernels: calls, mean time and share of the (fixed) device peak up to the step.
         kernels = app.query_one("#kernels", Panel).render()
-        table_text = _table_text(app, kernels)
+        table_text = rich_text(kernels, app.query_one("#kernels").size.width)
         for name, calls, seconds, flops, nbytes in db.execute(
             "SELECT name, COUNT(*), SUM(seconds), SUM(flops), SUM(bytes) FROM kernels"
             " WHERE run_id = ? AND step <= ? GROUP BY name",
@@ -156,17 +156,6 @@ async def test_every_panel_shows_the_databases_figures(
         assert page_map.owners is not None and len(page_map.owners) == s["pages_total"]
         assert int(np.count_nonzero(page_map.owners >= 0)) == s["pages_used"]
         assert page_map.render().plain.count("▆") == 3 * s["pages_total"]
-
-
-def _table_text(app, renderable) -> str:
-    """A Rich renderable as plain text at the kernels panel's width."""
-    from rich.console import Console
-
-    console = Console(
-        width=app.query_one("#kernels").size.width, record=True, file=open("/dev/null", "w")
-    )
-    console.print(renderable)
-    return console.export_text()
 
 
 @aio

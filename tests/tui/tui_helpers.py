@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -105,16 +106,29 @@ async def settle(pilot: Any, app: KvscopeApp) -> View:
 
 
 async def goto_step(pilot: Any, app: KvscopeApp, step: int) -> View:
-    """Move the replay to ``step`` with the keys a user would press (Home, PgDn, arrows)."""
-    await wait_for_view(pilot, app)
-    await pilot.press("home")
+    """Move the replay to ``step`` as a user would: click the timeline near it, then
+    step with the arrow keys."""
+    from app.tui.timeline import Timeline
+
+    view = await wait_for_view(pilot, app)
+    timeline = app.query_one(Timeline)
+    fraction = view.timeline.t_s[view.timeline.steps.index(step)] / view.timeline.end_s
+    x = timeline._prefix().cell_len + round(fraction * (timeline._bar_width() - 1))
+    await pilot.click(Timeline, offset=(x, 0))
     view = await settle(pilot, app)
     while view.row is not None and view.row.step != step:
-        ahead = step - view.row.step
-        key = "pagedown" if ahead > len(view.timeline) // 8 else ("right" if ahead > 0 else "left")
-        await pilot.press(key)
+        await pilot.press("right" if step > view.row.step else "left")
         view = await settle(pilot, app)
     return view
+
+
+def rich_text(renderable: Any, width: int) -> str:
+    """A Rich renderable as plain text ``width`` columns wide."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
 
 
 def viewer(recorded: Recorded, **kw: Any) -> KvscopeApp:
