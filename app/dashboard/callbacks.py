@@ -10,11 +10,12 @@ hidden traces survive a redraw of the same run.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
-from dash import Dash, Input, Output, State, no_update
+from dash import Dash, Input, Output, Patch, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
 from app.dashboard import data, figures, layout
@@ -47,20 +48,56 @@ def run_label(info: RunInfo) -> str:
     return f"#{info.run_id} {info.kind}{model} · {info.status}"
 
 
-def _run(version: dict[str, Any] | None) -> int:
+def _run(run_id: int | None) -> int:
     """The chosen run, or no update at all while the database has none."""
-    run_id = (version or {}).get("run")
     if run_id is None:
         raise PreventUpdate
     return run_id
 
 
-def _live(fig: go.Figure, revision: object) -> go.Figure:
-    return fig.update_layout(uirevision=str(revision))
+_AXIS = re.compile(r"[xy]axis\d*")
+
+
+def _patch(fig: go.Figure) -> Patch:
+    """``fig`` as a Patch of the shown figure that leaves alone what it does not set.
+
+    Dash 4's dcc.Graph writes a user's zoom into its ``figure`` prop, so a whole
+    new figure, even with the same ``uirevision``, would undo the zoom. Axes are
+    patched setting by setting: a range the builder leaves to autorange stays as
+    the user zoomed it; one the builder fixes is reset. Lists that come and go
+    with the data (annotations, shapes) are always replaced.
+    """
+    figure = fig.to_plotly_json()
+    layout = dict(figure["layout"])
+    patch = Patch()
+    patch["data"] = figure["data"]
+    for key in ("annotations", "shapes"):
+        patch["layout"][key] = layout.pop(key, [])
+    for key, value in layout.items():
+        if _AXIS.fullmatch(key):
+            for name, setting in value.items():
+                patch["layout"][key][name] = setting
+        else:
+            patch["layout"][key] = value
+    return patch
+
+
+def _live(fig: go.Figure, revision: object) -> go.Figure | Patch:
+    """A whole figure when the page, run or selection changed; a patch that keeps
+    the user's zoom when only new data arrived."""
+    fig.update_layout(uirevision=str(revision))
+    if set(ctx.triggered_prop_ids) == {"version.data"}:
+        return _patch(fig)
+    return fig
 
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _percent_of(achieved: float | None, peak: float | None) -> float | None:
+    """Against the same peaks the roofline draws (the device, else its preset)."""
+    return round(100 * achieved / peak, 2) if achieved is not None and peak else None
 
 
 def register(app: Dash, db_path: Path) -> None:
@@ -125,9 +162,10 @@ def register(app: Dash, db_path: Path) -> None:
         Output("overview-throughput", "figure"),
         Output("overview-queues", "figure"),
         Input("version", "data"),
+        Input("run", "value"),
     )
-    def overview(version: dict | None) -> tuple:
-        run_id = _run(version)
+    def overview(_: dict | None, run_id: int | None) -> tuple:
+        run_id = _run(run_id)
         with data.reader(db_path) as db:
             summary = run_summary(db, run_id)
             points = step_series(db, run_id, MAX_POINTS)
@@ -142,9 +180,10 @@ def register(app: Dash, db_path: Path) -> None:
         Output("kv-cache-usage", "figure"),
         Output("kv-cache-fragmentation", "figure"),
         Input("version", "data"),
+        Input("run", "value"),
     )
-    def kv_cache(version: dict | None) -> tuple:
-        run_id = _run(version)
+    def kv_cache(_: dict | None, run_id: int | None) -> tuple:
+        run_id = _run(run_id)
         with data.reader(db_path) as db:
             matrix = page_maps(db, run_id, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
             points = step_series(db, run_id, MAX_POINTS)
@@ -159,9 +198,10 @@ def register(app: Dash, db_path: Path) -> None:
         Output("prefix-cache-sources", "figure"),
         Output("prefix-cache-size", "figure"),
         Input("version", "data"),
+        Input("run", "value"),
     )
-    def prefix_cache(version: dict | None) -> tuple:
-        run_id = _run(version)
+    def prefix_cache(_: dict | None, run_id: int | None) -> tuple:
+        run_id = _run(run_id)
         with data.reader(db_path) as db:
             points = step_series(db, run_id, MAX_POINTS)
             sources = data.cached_sources(db, run_id, points)
@@ -176,9 +216,10 @@ def register(app: Dash, db_path: Path) -> None:
         Output("eviction-costs", "figure"),
         Output("eviction-events", "data"),
         Input("version", "data"),
+        Input("run", "value"),
     )
-    def eviction(version: dict | None) -> tuple:
-        run_id = _run(version)
+    def eviction(_: dict | None, run_id: int | None) -> tuple:
+        run_id = _run(run_id)
         with data.reader(db_path) as db:
             counts = data.event_counts(db, run_id)
             costs = data.transfer_costs(db, run_info(db, run_id))
@@ -205,9 +246,10 @@ def register(app: Dash, db_path: Path) -> None:
         Output("kernels-roofline", "figure"),
         Output("kernels-table", "data"),
         Input("version", "data"),
+        Input("run", "value"),
     )
-    def kernels(version: dict | None) -> tuple:
-        run_id = _run(version)
+    def kernels(_: dict | None, run_id: int | None) -> tuple:
+        run_id = _run(run_id)
         with data.reader(db_path) as db:
             stats = kernel_stats(db, run_id)
             peaks = data.device_peaks(run_info(db, run_id))
@@ -219,8 +261,8 @@ def register(app: Dash, db_path: Path) -> None:
                 "mean_ms": round(s.mean_s * 1e3, 4),
                 "tflops": _round(s.tflops, 4),
                 "gbps": _round(s.gbps, 2),
-                "peak_tflops_pct": _round(s.peak_tflops_frac and 100 * s.peak_tflops_frac, 2),
-                "peak_gbps_pct": _round(s.peak_gbps_frac and 100 * s.peak_gbps_frac, 2),
+                "peak_tflops_pct": _percent_of(s.tflops, peaks.tflops),
+                "peak_gbps_pct": _percent_of(s.gbps, peaks.gbps),
             }
             for s in stats
         ]
@@ -235,9 +277,10 @@ def register(app: Dash, db_path: Path) -> None:
         Output("gpu-note", "children"),
         Output("gpu-samples", "figure"),
         Input("version", "data"),
+        Input("run", "value"),
     )
-    def gpu(version: dict | None) -> tuple:
-        run_id = _run(version)
+    def gpu(_: dict | None, run_id: int | None) -> tuple:
+        run_id = _run(run_id)
         with data.reader(db_path) as db:
             points = gpu_series(db, run_id, MAX_POINTS)
         note = None if points else layout.message("No GPU in this run: nothing was sampled.")
@@ -251,11 +294,12 @@ def register(app: Dash, db_path: Path) -> None:
         Input("requests-table", "page_size"),
         Input("requests-table", "filter_query"),
         Input("requests-table", "sort_by"),
+        Input("run", "value"),
     )
     def requests_page(
-        version: dict | None, page: int, size: int, query: str, sort_by: list
+        _: dict | None, page: int, size: int, query: str, sort_by: list, run_id: int | None
     ) -> tuple:
-        run_id = _run(version)
+        run_id = _run(run_id)
         with data.reader(db_path) as db:
             records = data.request_records(requests_table(db, run_id), query, sort_by)
         page = page or 0
@@ -269,9 +313,10 @@ def register(app: Dash, db_path: Path) -> None:
         Output("requests-detail", "figure"),
         Input("requests-table", "selected_row_ids"),
         Input("version", "data"),
+        Input("run", "value"),
     )
-    def request_detail(selected: list | None, version: dict | None) -> go.Figure:
-        run_id = _run(version)
+    def request_detail(selected: list | None, _: dict | None, run_id: int | None) -> Any:
+        run_id = _run(run_id)
         if not selected:
             return figures.request_figure(None)
         try:

@@ -78,6 +78,9 @@ def _style(
         xaxis_title=x_title,
         yaxis_title=y_title,
     )
+    # Explicit, so a refresh that patches an empty figure with data shows the axes.
+    fig.update_xaxes(visible=True)
+    fig.update_yaxes(visible=True)
     return fig
 
 
@@ -402,14 +405,15 @@ def transfer_cost_figure(costs: Sequence[TransferCost]) -> go.Figure:
     )
     if not any(c.predicted_s for c in costs):
         fig.add_annotation(
-            text="no prediction: the run's config names no device preset with "
-            "kv_bytes_per_token / params",
+            text="no prediction: the run's config lacks a device preset, "
+            "kv_bytes_per_token or params",
             showarrow=False,
-            x=0.5,
-            y=1.0,
+            x=0.01,
+            y=0.99,
             xref="paper",
             yref="paper",
-            yanchor="bottom",
+            xanchor="left",
+            yanchor="top",
             font={"size": 11, "color": "#64748b"},
         )
     return fig
@@ -458,18 +462,23 @@ def roofline_figure(stats: Sequence[KernelStat], peaks: DevicePeaks) -> go.Figur
     if not measured:
         return _empty(fig, "no kernel timings with FLOP and byte counts")
     intensity = [s.tflops * 1e3 / s.gbps for s in measured]
-    fig.add_trace(
-        go.Scatter(
-            x=intensity,
-            y=[s.tflops for s in measured],
-            mode="markers+text",
-            name="kernels",
-            text=[s.name for s in measured],
-            textposition="top center",
-            marker={"size": 12, "color": COLORS["tflops"]},
-            hovertemplate="%{text}<br>%{x:.3g} FLOP/B<br>%{y:.3g} TFLOP/s<extra></extra>",
+    symbols = ("circle", "diamond", "square", "triangle-up", "x", "star")
+    for i, (s, x) in enumerate(zip(measured, intensity, strict=True)):
+        fig.add_trace(
+            go.Scatter(
+                x=[x],
+                y=[s.tflops],
+                mode="markers",
+                name=s.name,
+                marker={
+                    "size": 13,
+                    "symbol": symbols[i % len(symbols)],
+                    "color": RUN_COLORS[i % len(RUN_COLORS)],
+                    "line": {"width": 1, "color": "#ffffff"},
+                },
+                hovertemplate=f"{s.name}<br>%{{x:.3g}} FLOP/B<br>%{{y:.3g}} TFLOP/s<extra></extra>",
+            )
         )
-    )
     xs_seen, ys_seen = list(intensity), [s.tflops for s in measured]
     if peaks.tflops and peaks.gbps:
         ridge = peaks.tflops * 1e3 / peaks.gbps

@@ -90,7 +90,11 @@ def _graph(graph_id: str, wide: bool = False) -> html.Div:
     return html.Div(
         className="card wide" if wide else "card",
         children=dcc.Graph(
-            id=graph_id, config={"displaylogo": False, "responsive": True}, className="graph"
+            id=graph_id,
+            # A figure to patch even if a refresh overtakes the first full draw.
+            figure={"data": [], "layout": {}},
+            config={"displaylogo": False, "responsive": True},
+            className="graph",
         ),
     )
 
@@ -244,7 +248,7 @@ def _requests() -> list:
                     page_size=REQUESTS_PAGE_SIZE,
                     filter_action="custom",
                     filter_query="",
-                    filter_options={"placeholder_text": "filter"},
+                    filter_options={"placeholder_text": "filter", "case": "insensitive"},
                     sort_action="custom",
                     sort_mode="multi",
                     sort_by=[],
