@@ -1,14 +1,16 @@
 """Building and serving the dashboard.
 
-``create_app`` is what tests and ``kvscope dash`` share. ``Server`` binds with
-werkzeug directly rather than ``Dash.run`` so a port in use is one clear error
-before anything starts, and tests can run it on a thread and stop it.
+``create_app`` is what tests and ``kvscope dash`` share. ``Server`` binds the
+socket itself and serves with werkzeug rather than ``Dash.run``, so a port in
+use is one clear error before anything starts, and tests can run it on a
+thread and stop it.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import socket
 import threading
 from pathlib import Path
 
@@ -56,17 +58,27 @@ class Server:
 
     def __init__(self, app: Dash, host: str = "127.0.0.1", port: int = 8050) -> None:
         try:
-            self._server: BaseWSGIServer = make_server(
-                host, port, app.server, threaded=True, request_handler=_QuietHandler
-            )
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+            listener = socket.create_server((host, port), family=family)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise KvscopeError(
                     f"port {port} on {host} is in use; choose another with --port"
                 ) from None
             raise KvscopeError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        # werkzeug would print its own message and exit on a failed bind: hand it
+        # a socket that is already bound.
+        with listener:
+            self._server: BaseWSGIServer = make_server(
+                host,
+                port,
+                app.server,
+                threaded=True,
+                request_handler=_QuietHandler,
+                fd=listener.fileno(),
+            )
         self.host = host
-        self.port = self._server.server_port
+        self.port = self._server.socket.getsockname()[1]
         self._thread: threading.Thread | None = None
 
     @property
