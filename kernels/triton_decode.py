@@ -103,10 +103,10 @@ def _decode_split_kernel(
             kv_indices, first_page, tok, in_seq, kv_head,
             s_kp, s_kt, s_kh, s_sp, s_st, s_sh, PAGE_SIZE,
         )  # fmt: skip
-        k = load_kv_tile(K, KS, rows, scale_rows, offs_d, in_seq, FORMAT, INT4_GROUP)
+        k = load_kv_tile(K, KS, rows, scale_rows, in_seq, FORMAT, HEAD_DIM, INT4_GROUP)
         qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
         qk = tl.where(in_seq[None, :], qk, float("-inf"))
-        v = load_kv_tile(V, VS, rows, scale_rows, offs_d, in_seq, FORMAT, INT4_GROUP)
+        v = load_kv_tile(V, VS, rows, scale_rows, in_seq, FORMAT, HEAD_DIM, INT4_GROUP)
         acc, m_i, l_i = softmax_accumulate(acc, m_i, l_i, qk, v, DOT_DTYPE, PRECISION)
 
     # Every split holds at least one token, so l_i > 0.

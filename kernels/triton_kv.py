@@ -65,34 +65,42 @@ def load_kv_tile(
     scale_ptr,
     rows,
     scale_rows,
-    offs_d,
     in_seq,
     FORMAT: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     INT4_GROUP: tl.constexpr,
 ):
-    """A ``[BLOCK_N, D]`` fp32 tile of the head vectors starting at ``rows``.
+    """A ``[BLOCK_N, HEAD_DIM]`` tile of the head vectors starting at ``rows``.
 
-    Tokens outside ``in_seq`` read as zeros, so they add nothing through V.
+    Float formats come back in their stored dtype (the caller casts once, to
+    its dot dtype); the others come back dequantized in fp32. Tokens outside
+    ``in_seq`` read as zeros, so they add nothing through V.
     """
     if FORMAT == 4:
-        packed = tl.load(
-            ptr + rows[:, None] + (offs_d // 2)[None, :], mask=in_seq[:, None], other=0
-        )
-        shift = ((offs_d % 2) * 4)[None, :]
-        nibble = ((packed.to(tl.int32) >> shift) & 0xF).to(tl.float32)
-        group = (offs_d // INT4_GROUP) * 2
-        scale_at = scale_ptr + scale_rows[:, None] + group[None, :]
+        # Whole bytes load as contiguous vectors; nibbles are split and
+        # interleaved back in registers (element 2j low, 2j+1 high).
+        offs_b = tl.arange(0, HEAD_DIM // 2)
+        packed = tl.load(ptr + rows[:, None] + offs_b[None, :], mask=in_seq[:, None], other=0)
+        packed = packed.to(tl.int32)
+        nibbles = tl.join(packed & 0xF, packed >> 4).to(tl.float32)
+        groups = tl.reshape(nibbles, (rows.shape[0], HEAD_DIM // INT4_GROUP, INT4_GROUP))
+        offs_g = 2 * tl.arange(0, HEAD_DIM // INT4_GROUP)
+        scale_at = scale_ptr + scale_rows[:, None] + offs_g[None, :]
         scale = tl.load(scale_at, mask=in_seq[:, None], other=0).to(tl.float32)
         low = tl.load(scale_at + 1, mask=in_seq[:, None], other=0).to(tl.float32)
-        return nibble * scale + low
-    x = tl.load(ptr + rows[:, None] + offs_d[None, :], mask=in_seq[:, None], other=0)
-    if FORMAT == 1:
-        x = x.to(tl.float8e4nv, bitcast=True)
-    if FORMAT == 2:
-        x = x.to(tl.float8e5, bitcast=True)
-    x = x.to(tl.float32)
-    if FORMAT == 3:
-        x = x * tl.load(scale_ptr + scale_rows, mask=in_seq, other=0).to(tl.float32)[:, None]
+        groups = groups * scale[:, :, None] + low[:, :, None]
+        x = tl.reshape(groups, (rows.shape[0], HEAD_DIM))
+    else:
+        offs_d = tl.arange(0, HEAD_DIM)
+        x = tl.load(ptr + rows[:, None] + offs_d[None, :], mask=in_seq[:, None], other=0)
+        if FORMAT == 1:
+            x = x.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        if FORMAT == 2:
+            x = x.to(tl.float8e5, bitcast=True).to(tl.float32)
+        if FORMAT == 3:
+            scale = tl.load(scale_ptr + scale_rows, mask=in_seq, other=0).to(tl.float32)
+            x = x.to(tl.float32) * scale[:, None]
+    # One return: the compiler types every return statement, constexpr branches or not.
     return x
 
 
@@ -123,15 +131,17 @@ def interpreting() -> bool:
 def dot_config(dtype: torch.dtype) -> tuple[tl.dtype, str]:
     """Operand dtype and precision of the kernels' ``tl.dot`` for queries of ``dtype``.
 
-    fp16/bf16 multiply in their own type (tensor cores), fp32 in exact fp32.
-    The interpreter computes bf16 products wrongly, so there bf16 goes through
-    fp32, which represents every bf16 value exactly.
+    fp16/bf16 multiply in their own type on tensor cores. fp32 uses "tf32x3"
+    (three TF32 products, near-fp32 accuracy, still on tensor cores): exact
+    fp32 FMA dots at these tile sizes spill registers heavily on sm_90. The
+    interpreter computes bf16 products wrongly, so there bf16 goes through
+    fp32, which represents every bf16 value exactly (it ignores the precision).
     """
     if dtype == torch.float16:
         return tl.float16, "tf32"
     if dtype == torch.bfloat16 and not interpreting():
         return tl.bfloat16, "tf32"
-    return tl.float32, "ieee"
+    return tl.float32, "tf32x3"
 
 
 def kernel_view(t: torch.Tensor) -> torch.Tensor:

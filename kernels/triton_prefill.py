@@ -56,12 +56,12 @@ def _attend_range(
     s_sp,
     s_st,
     s_sh,
-    offs_d,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     FORMAT: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     INT4_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
@@ -78,14 +78,14 @@ def _attend_range(
         else:
             rows = (k_start + tok).to(tl.int64) * s_kt + kv_head * s_kh
             scale_rows = rows
-        k = load_kv_tile(K, KS, rows, scale_rows, offs_d, in_seq, FORMAT, INT4_GROUP)
+        k = load_kv_tile(K, KS, rows, scale_rows, in_seq, FORMAT, HEAD_DIM, INT4_GROUP)
         qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
         if MASKED:
             visible = in_seq[None, :]
             if CAUSAL:
                 visible = visible & (tok[None, :] <= q_pos[:, None])
             qk = tl.where(visible, qk, float("-inf"))
-        v = load_kv_tile(V, VS, rows, scale_rows, offs_d, in_seq, FORMAT, INT4_GROUP)
+        v = load_kv_tile(V, VS, rows, scale_rows, in_seq, FORMAT, HEAD_DIM, INT4_GROUP)
         acc, m_i, l_i = softmax_accumulate(acc, m_i, l_i, qk, v, DOT_DTYPE, PRECISION)
     return acc, m_i, l_i
 
@@ -165,13 +165,13 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_range(
         acc, m_i, l_i, q, q_pos, K, V, KS, VS, kv_indices, first_page, k_start, kv_len,
-        kv_head, 0, lo, qk_scale, s_kp, s_kt, s_kh, s_sp, s_st, s_sh, offs_d,
-        False, CAUSAL, PAGED, PAGE_SIZE, FORMAT, INT4_GROUP, BLOCK_N, DOT_DTYPE, PRECISION,
+        kv_head, 0, lo, qk_scale, s_kp, s_kt, s_kh, s_sp, s_st, s_sh,
+        False, CAUSAL, PAGED, PAGE_SIZE, FORMAT, HEAD_DIM, INT4_GROUP, BLOCK_N, DOT_DTYPE, PRECISION,
     )  # fmt: skip
     acc, m_i, l_i = _attend_range(
         acc, m_i, l_i, q, q_pos, K, V, KS, VS, kv_indices, first_page, k_start, kv_len,
-        kv_head, lo, hi, qk_scale, s_kp, s_kt, s_kh, s_sp, s_st, s_sh, offs_d,
-        True, CAUSAL, PAGED, PAGE_SIZE, FORMAT, INT4_GROUP, BLOCK_N, DOT_DTYPE, PRECISION,
+        kv_head, lo, hi, qk_scale, s_kp, s_kt, s_kh, s_sp, s_st, s_sh,
+        True, CAUSAL, PAGED, PAGE_SIZE, FORMAT, HEAD_DIM, INT4_GROUP, BLOCK_N, DOT_DTYPE, PRECISION,
     )  # fmt: skip
     # A query with no visible key (causal, fewer keys than queries) outputs zeros.
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
