@@ -10,7 +10,10 @@ hidden traces survive a redraw of the same run.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +40,8 @@ from engine.errors import KvscopeError
 # Time buckets per time-series figure, snapshots and page rows per heatmap: what
 # a screen can show, whatever the size of the run.
 MAX_POINTS = 400
-MAX_SNAPSHOTS = 240
-MAX_PAGE_ROWS = 256
+MAX_SNAPSHOTS = 200
+MAX_PAGE_ROWS = 192
 COMPARE_POINTS = 300
 LATEST_EVENTS = 200
 
@@ -103,6 +106,17 @@ def _percent_of(achieved: float | None, peak: float | None) -> float | None:
 def register(app: Dash, db_path: Path) -> None:
     """Attach every callback to ``app``; each opens its own read connection."""
 
+    @lru_cache(maxsize=16)
+    def _read(query: Callable[..., Any], run_id: int, fingerprint: str, *args: Any) -> Any:
+        """A query's result while the run is unchanged (``fingerprint``: the
+        version store), shared by the pages: switching page, paging, filtering
+        and sorting a big run do not query again. Results are never mutated."""
+        with data.reader(db_path) as db:
+            return query(db, run_id, *args)
+
+    def cached(query: Callable[..., Any], run_id: int, version: dict | None, *args: Any) -> Any:
+        return _read(query, run_id, json.dumps(version, sort_keys=True), *args)
+
     @app.callback(
         Output("run", "options"),
         Output("run", "value"),
@@ -164,11 +178,10 @@ def register(app: Dash, db_path: Path) -> None:
         Input("version", "data"),
         Input("run", "value"),
     )
-    def overview(_: dict | None, run_id: int | None) -> tuple:
+    def overview(version: dict | None, run_id: int | None) -> tuple:
         run_id = _run(run_id)
-        with data.reader(db_path) as db:
-            summary = run_summary(db, run_id)
-            points = step_series(db, run_id, MAX_POINTS)
+        summary = cached(run_summary, run_id, version)
+        points = cached(step_series, run_id, version, MAX_POINTS)
         return (
             layout.tiles(figures.summary_tiles(summary)),
             _live(figures.throughput_figure(points), run_id),
@@ -182,11 +195,10 @@ def register(app: Dash, db_path: Path) -> None:
         Input("version", "data"),
         Input("run", "value"),
     )
-    def kv_cache(_: dict | None, run_id: int | None) -> tuple:
+    def kv_cache(version: dict | None, run_id: int | None) -> tuple:
         run_id = _run(run_id)
-        with data.reader(db_path) as db:
-            matrix = page_maps(db, run_id, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
-            points = step_series(db, run_id, MAX_POINTS)
+        matrix = cached(page_maps, run_id, version, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
+        points = cached(step_series, run_id, version, MAX_POINTS)
         return (
             _live(figures.page_heatmap(matrix), run_id),
             _live(figures.usage_figure(points), run_id),
@@ -200,10 +212,10 @@ def register(app: Dash, db_path: Path) -> None:
         Input("version", "data"),
         Input("run", "value"),
     )
-    def prefix_cache(_: dict | None, run_id: int | None) -> tuple:
+    def prefix_cache(version: dict | None, run_id: int | None) -> tuple:
         run_id = _run(run_id)
+        points = cached(step_series, run_id, version, MAX_POINTS)
         with data.reader(db_path) as db:
-            points = step_series(db, run_id, MAX_POINTS)
             sources = data.cached_sources(db, run_id, points)
         return (
             _live(figures.hit_rate_figure(points), run_id),
@@ -297,17 +309,19 @@ def register(app: Dash, db_path: Path) -> None:
         Input("run", "value"),
     )
     def requests_page(
-        _: dict | None, page: int, size: int, query: str, sort_by: list, run_id: int | None
+        version: dict | None, page: int, size: int, query: str, sort_by: list, run_id: int | None
     ) -> tuple:
         run_id = _run(run_id)
-        with data.reader(db_path) as db:
-            records = data.request_records(requests_table(db, run_id), query, sort_by)
+        rows = data.filter_requests(cached(requests_table, run_id, version), query, sort_by)
         page = page or 0
         shown = [
-            {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()}
-            for record in records[page * size : (page + 1) * size]
+            {
+                k: round(v, 4) if isinstance(v, float) else v
+                for k, v in data.request_record(row).items()
+            }
+            for row in rows[page * size : (page + 1) * size]
         ]
-        return shown, max(1, -(-len(records) // size))
+        return shown, max(1, -(-len(rows) // size))
 
     @app.callback(
         Output("requests-detail", "figure"),
@@ -351,7 +365,7 @@ def register(app: Dash, db_path: Path) -> None:
         Input("version", "data"),
     )
     def compare(chosen: list | None, _: dict | None) -> tuple:
-        run_ids = [int(r) for r in chosen or []]
+        run_ids = list(dict.fromkeys(int(r) for r in chosen or []))
         with data.reader(db_path) as db:
             comparison = compare_runs(db, run_ids)
             series = {f"#{r}": step_series(db, r, COMPARE_POINTS) for r in run_ids}

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -375,42 +376,62 @@ def _literal(text: str) -> str | float:
         return text
 
 
-def _matches(row: dict[str, Any], part: str) -> bool:
-    """One clause of a DataTable filter query; a clause it cannot read filters nothing."""
+_REQUEST_FIELDS = frozenset(f.name for f in fields(RequestRow))
+
+
+def _clause(part: str) -> Callable[[RequestRow], bool] | None:
+    """One clause of a DataTable filter query as a test of a row, parsed once;
+    None for a clause it cannot read (which then filters nothing)."""
     m = _FILTER_PART.fullmatch(part.strip())
-    if m is None or m["column"] not in row:
-        return True
-    value, wanted = row[m["column"]], _literal(m["value"])
-    if value is None:
-        return False
-    if m["op"] in ("contains", "datestartswith"):
-        text, needle = str(value), str(wanted)
-        if m["case"] == "i":
-            text, needle = text.lower(), needle.lower()
-        return text.startswith(needle) if m["op"] == "datestartswith" else needle in text
-    if isinstance(value, str) != isinstance(wanted, str):
-        value, wanted = str(value), str(wanted)
-    try:
-        return _COMPARE[m["op"]](value, wanted)
-    except TypeError:
-        return False
+    if m is None or m["column"] not in _REQUEST_FIELDS:
+        return None
+    column, op, wanted = m["column"], m["op"], _literal(m["value"])
+    if op in ("contains", "datestartswith"):
+        fold = m["case"] == "i"
+        needle = str(wanted).lower() if fold else str(wanted)
+
+        def text_test(row: RequestRow) -> bool:
+            value = getattr(row, column)
+            if value is None:
+                return False
+            text = str(value).lower() if fold else str(value)
+            return text.startswith(needle) if op == "datestartswith" else needle in text
+
+        return text_test
+    compare = _COMPARE[op]
+
+    def value_test(row: RequestRow) -> bool:
+        value = getattr(row, column)
+        if value is None:
+            return False
+        if isinstance(value, str) != isinstance(wanted, str):
+            return compare(str(value), str(wanted))
+        return compare(value, wanted)
+
+    return value_test
 
 
-def request_records(
+def filter_requests(
     rows: Sequence[RequestRow], filter_query: str = "", sort_by: Sequence[dict] = ()
-) -> list[dict[str, Any]]:
-    """The requests table as DataTable records, filtered and sorted server-side
-    (the browser only ever receives one page of a run with many requests)."""
-    records = [asdict(row) | {"id": row.request_id} for row in rows]
-    parts = [p for p in (filter_query or "").split(" && ") if p.strip()]
-    records = [r for r in records if all(_matches(r, p) for p in parts)]
+) -> list[RequestRow]:
+    """The requests table filtered and sorted server-side with DataTable's query
+    syntax (the browser only ever receives one page of a run with many requests)."""
+    tests = [t for part in (filter_query or "").split(" && ") if (t := _clause(part))]
+    kept = [row for row in rows if all(test(row) for test in tests)]
     for key in reversed(sort_by or ()):
-        column, descending = key["column_id"], key["direction"] == "desc"
-        present = [r for r in records if r.get(column) is not None]
-        missing = [r for r in records if r.get(column) is None]
-        present.sort(key=lambda r, c=column: r[c], reverse=descending)
-        records = present + missing
-    return records
+        column = key["column_id"]
+        if column not in _REQUEST_FIELDS:
+            continue
+        present = [row for row in kept if getattr(row, column) is not None]
+        missing = [row for row in kept if getattr(row, column) is None]
+        present.sort(key=attrgetter(column), reverse=key["direction"] == "desc")
+        kept = present + missing
+    return kept
+
+
+def request_record(row: RequestRow) -> dict[str, Any]:
+    """One DataTable record (``id`` is the row id DataTable selects by)."""
+    return asdict(row) | {"id": row.request_id}
 
 
 # --- raw tables (reports) -------------------------------------------------------------------

@@ -253,7 +253,8 @@ def page_state_codes(owners: np.ndarray) -> np.ndarray:
     codes = np.select(
         [owners == PAGE_FREE, owners == PAGE_EVICTED, owners == PAGE_CACHED], [0, 1, 2], 0
     )
-    return np.where(owners >= 0, len(PAGE_STATES) + owners % len(REQUEST_SHADES), codes)
+    shades = len(PAGE_STATES) + owners % len(REQUEST_SHADES)
+    return np.where(owners >= 0, shades, codes).astype(np.int8)  # int8: compact in JSON
 
 
 def page_heatmap(matrix: PageMatrix) -> go.Figure:
@@ -266,23 +267,20 @@ def page_heatmap(matrix: PageMatrix) -> go.Figure:
     k = len(colors)
     scale = [pair for i, c in enumerate(colors) for pair in ((i / k, c), ((i + 1) / k, c))]
     codes = page_state_codes(owners)
-    names = np.array([name for name, _ in PAGE_STATES])
-    labels = np.where(
-        owners >= 0,
-        np.char.add("request ", owners.astype(str)),
-        names[np.minimum(codes, len(PAGE_STATES) - 1)],
-    )
+    # Hover names the owner: a request id, else the state (ints keep the JSON small).
+    names = np.array([name for name, _ in PAGE_STATES], dtype=object)
+    owner = np.where(owners >= 0, owners.astype(object), names[np.minimum(codes, 2)])
     fig.add_trace(
         go.Heatmap(
             z=codes,
             x=matrix.steps,
             y=(np.arange(owners.shape[0]) * matrix.page_stride).tolist(),
-            text=labels,
+            customdata=owner,
             colorscale=scale,
             zmin=-0.5,
             zmax=k - 0.5,
             showscale=False,
-            hovertemplate="step %{x}<br>page %{y}<br>%{text}<extra></extra>",
+            hovertemplate="step %{x}<br>page %{y}<br>owner: %{customdata}<extra></extra>",
         )
     )
     for name, color in (*PAGE_STATES, ("in use (shade per request)", REQUEST_SHADES[0])):

@@ -19,8 +19,9 @@ def recorded(tmp_path_factory):
     return path, run_id, run
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """One Chromium per test module: Playwright's sync API allows one at a time."""
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is absent (apt-get install chromium; .ci/run installs it)")
     from playwright.sync_api import sync_playwright

@@ -102,17 +102,21 @@ def _row(rid: int, status: str, ttft: float | None) -> RequestRow:
 
 def test_request_records_filter_and_sort():
     rows = [_row(0, "finished", 0.3), _row(1, "running", 0.1), _row(2, "waiting", None)]
-    ids = lambda records: [r["request_id"] for r in records]  # noqa: E731
-    assert ids(data.request_records(rows, "{status} scontains fin")) == [0]
-    assert ids(data.request_records(rows, "{status} icontains RUN")) == [1]
-    assert ids(data.request_records(rows, "{ttft_s} > 0.2")) == [0]
-    assert ids(data.request_records(rows, "{ttft_s} s< 0.2")) == [1]
-    assert ids(data.request_records(rows, "{request_id} = 2")) == [2]
-    assert ids(data.request_records(rows, '{status} = "running" && {ttft_s} < 1')) == [1]
-    assert ids(data.request_records(rows, "{nonsense} > 1")) == [0, 1, 2]
-    by_ttft = [{"column_id": "ttft_s", "direction": "desc"}]
-    assert ids(data.request_records(rows, "", by_ttft)) == [0, 1, 2]  # no value sorts last
-    assert data.request_records(rows)[0]["id"] == 0  # DataTable row ids
+
+    def ids(query: str, sort_by: list | None = None) -> list[int]:
+        return [r.request_id for r in data.filter_requests(rows, query, sort_by or [])]
+
+    assert ids("{status} scontains fin") == [0]
+    assert ids("{status} icontains RUN") == [1]
+    assert ids("{status} scontains RUN") == []
+    assert ids("{ttft_s} > 0.2") == [0]
+    assert ids("{ttft_s} s< 0.2") == [1]
+    assert ids("{request_id} = 2") == [2]
+    assert ids('{status} = "running" && {ttft_s} < 1') == [1]
+    assert ids("{nonsense} > 1") == [0, 1, 2]
+    assert ids("", [{"column_id": "ttft_s", "direction": "desc"}]) == [0, 1, 2]  # None last
+    assert ids("", [{"column_id": "ttft_s", "direction": "asc"}]) == [1, 0, 2]
+    assert data.request_record(rows[1])["id"] == 1  # the row id DataTable selects by
 
 
 def test_version_changes_when_a_writer_appends(recorded, tmp_path):

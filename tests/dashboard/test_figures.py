@@ -88,7 +88,9 @@ def test_page_heatmap_colours_each_page_by_its_state(db, recorded):
         assert ((z == code) == (owners == owner)).all()
     assert (z == 2).any()
     page, snap = np.argwhere(owners >= 0)[0]
-    assert np.asarray(heat.text)[page, snap] == f"request {owners[page, snap]}"
+    assert np.asarray(heat.customdata)[page, snap] == owners[page, snap]
+    free = np.argwhere(owners == -1)[0]
+    assert np.asarray(heat.customdata)[tuple(free)] == "free"
     assert list(heat.x) == matrix.steps
 
 
