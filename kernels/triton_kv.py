@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-# How a tile is turned into fp32 inside the kernels (a constexpr per launch).
+# How the kernels decode a loaded K/V tile (a constexpr per launch).
 FORMAT_CODES: dict[str, int] = {
     "fp32": 0,
     "fp16": 0,
