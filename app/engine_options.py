@@ -14,6 +14,7 @@ from engine.engine_config import (
     EVICTION_POLICIES,
     OFFLOAD_MODES,
     PREEMPTION_MODES,
+    WEIGHT_DTYPES,
     EngineConfig,
 )
 from engine.errors import KvscopeError
@@ -46,6 +47,7 @@ def add_engine_options(parser: argparse.ArgumentParser, kv_budget: str = "256MiB
     g.add_argument("--max-batched-tokens", type=int, default=2048, metavar="N", help="per-step token budget; longer prompts are chunked (default 2048)")
     g.add_argument("--no-chunked-prefill", action="store_true", help="admit a prompt only when it fits the step budget whole")
     g.add_argument("--max-num-seqs", type=int, default=64, metavar="N", help="most requests running at once (default 64)")
+    g.add_argument("--weights-dtype", choices=WEIGHT_DTYPES, default="fp32", help="weight storage: fp32 (exact), bf16 or int8 (faster on CPUs with bf16 instructions) (default fp32)")
     g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
 
 
@@ -71,4 +73,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_batched_tokens=args.max_batched_tokens,
         chunked_prefill=not args.no_chunked_prefill,
         max_num_seqs=args.max_num_seqs,
+        weights_dtype=args.weights_dtype,
     )

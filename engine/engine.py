@@ -95,7 +95,7 @@ class Engine:
         self.codec = self.loaded.codec
         mcfg = self.loaded.config
         self.model_config = mcfg
-        self.model = DecoderModel(mcfg, self.loaded.weights)
+        self.model = DecoderModel(mcfg, self.loaded.weights, self.config.weights_dtype)
         self.bytes_per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.config.kv_dtype)
         self.kv_budget_bytes = kv_budget(self.config, self.model.weight_bytes)
         page_bytes = self.bytes_per_token * self.config.page_size

@@ -11,6 +11,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
 OFFLOAD_MODES = ("auto", "always", "never")
 PREEMPTION_MODES = ("recompute", "swap")
+WEIGHT_DTYPES = ("fp32", "bf16", "int8")
 
 
 @dataclass(slots=True)
@@ -30,6 +31,7 @@ class EngineConfig:
     max_batched_tokens: int = 2048  # per-step token budget (chunked prefill splits longer prompts)
     chunked_prefill: bool = True
     max_num_seqs: int = 64
+    weights_dtype: str = "fp32"  # fp32 (exact, the oracle path) | bf16 | int8
     page_map_every: int = 4  # steps between page-occupancy snapshots
     device: str = "cpu"
 
@@ -38,6 +40,7 @@ class EngineConfig:
             if not ok:
                 raise KvscopeError(message)
 
+        check(self.weights_dtype in WEIGHT_DTYPES, f"weights dtype must be one of {', '.join(WEIGHT_DTYPES)}")
         check(self.page_size >= 1, f"page size must be >= 1, got {self.page_size}")
         check(self.kv_dtype in KV_FORMATS, f"unknown KV dtype {self.kv_dtype!r}; choose one of {', '.join(KV_FORMATS)}")
         check(self.eviction_policy in EVICTION_POLICIES, f"eviction policy must be one of {', '.join(EVICTION_POLICIES)}")

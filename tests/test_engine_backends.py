@@ -81,3 +81,13 @@ def test_every_kv_format_close_to_fp32(make_engine, kv_dtype, text_ids, fp32_log
     assert not torch.equal(logits, fp32_logits)
     outs = engine.generate(PROMPTS, SamplingParams(max_tokens=4, ignore_eos=True))
     assert all(len(o.token_ids) == 4 for o in outs)
+
+
+@pytest.mark.parametrize("weights_dtype, min_top1", [("bf16", 0.9), ("int8", 0.85)])
+def test_weight_formats_close_to_fp32(make_engine, weights_dtype, min_top1, text_ids, fp32_logits):
+    engine = make_engine(weights_dtype=weights_dtype)
+    logits = engine.score(text_ids, chunk=64)
+    top1 = (logits.argmax(-1) == fp32_logits.argmax(-1)).float().mean().item()
+    assert top1 >= min_top1
+    assert not torch.equal(logits, fp32_logits)
+    assert engine.model.weight_bytes < make_engine().model.weight_bytes
