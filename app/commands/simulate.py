@@ -73,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE", help="write charts to FILE.html or FILE.png")
+    parser.add_argument("--db", metavar="PATH", help="also record each allocator as a run of kind 'simulation' in this kvscope database")
     parser.set_defaults(handler=run)
 
 
@@ -214,6 +215,13 @@ def run(args: argparse.Namespace) -> int:
     results = simulate(args)
     if args.plot:
         write_plot(figure(results, args.step_ms / 1000), args.plot)
+    if args.db:
+        from app.sim_record import record_simulation
+
+        config = {k: v for k, v in vars(args).items() if k not in ("handler", "db", "plot", "json") and not callable(v)}
+        run_ids = record_simulation(args.db, results, config, args.step_ms / 1000, args.page_size)
+        if not args.json:
+            print(f"recorded runs {', '.join(map(str, run_ids))} in {args.db}")
     if args.json:
         print(json.dumps({name: r.summary() for name, r in results.items()}, indent=2))
     else:
