@@ -5,7 +5,8 @@ reused when it is already there), then calls every callback of the app the way
 the browser does: an HTTP POST to ``/_dash-update-component`` through Flask's
 test client, so query, figure building and JSON encoding are all in the time.
 Each page callback is timed as a full draw (the page opened, the run chosen)
-and as a refresh (only the data fingerprint changed: a patch).
+and as a refresh (only the data fingerprint changed: a patch), always with new
+data, so the dashboard's query cache never answers.
 
     .venv/bin/python bench/dash_callbacks.py [--events N] [--db PATH] [--repeats K]
 """
@@ -13,6 +14,7 @@ and as a refresh (only the data fingerprint changed: a patch).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -111,15 +113,19 @@ def main() -> None:
         "compare-runs.value": [run_id, run_id],
     }
     rows = []
+    calls = itertools.count()
     for key, spec in app.callback_map.items():
         inputs = [f"{d['id']}.{d['property']}" for d in spec["inputs"]]
         modes = {"full": [inputs[-1]]}
         if "version.data" in inputs:
             modes["refresh"] = ["version.data"]
         for mode, changed in modes.items():
-            body = json.dumps(payload(key, spec, values, changed))
             seconds, size = [], 0
             for _ in range(args.repeats):
+                # A new data version each call: the dashboard's per-version query
+                # cache misses, as on every refresh of a live run.
+                fresh = values | {"version.data": version | {"bench_call": next(calls)}}
+                body = json.dumps(payload(key, spec, fresh, changed))
                 t = time.perf_counter()
                 response = client.post(
                     "/_dash-update-component", data=body, content_type="application/json"

@@ -47,7 +47,8 @@ LATEST_EVENTS = 200
 
 
 def run_label(info: RunInfo) -> str:
-    model = f" · {info.model}" if info.model and info.model != info.kind else ""
+    name = Path(info.model).name if info.model else None
+    model = f" · {name}" if name and name != info.kind else ""
     return f"#{info.run_id} {info.kind}{model} · {info.status}"
 
 
@@ -242,7 +243,11 @@ def register(app: Dash, db_path: Path) -> None:
                 "step": e.step,
                 "kind": figures.EVENT_LABELS.get(e.kind, e.kind),
                 "request_id": e.request_id,
-                "details": ", ".join(f"{k} {v}" for k, v in e.payload.items() if k != "request_id"),
+                "details": ", ".join(
+                    f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in e.payload.items()
+                    if k != "request_id"
+                ),
             }
             for e in reversed(latest)
         ]

@@ -277,7 +277,7 @@ class RequestTrace:
     pages_t_s: list[float]
     pages: list[int]  # pages held after each allocation or release
     tokens_t_s: list[float]
-    tokens: list[int]  # tokens held at its lifecycle events (linear in between while decoding)
+    tokens: list[int | None]  # tokens held at its lifecycle events (None: a gap in the line)
     marks: list[tuple[float, str]]  # (t_s, event kind) of its lifecycle events
 
 
@@ -299,8 +299,12 @@ def request_trace(db: Database, run_id: int, request_id: int) -> RequestTrace:
     """Read from the request's own events, looked up by kind within its lifetime
     so the (run, kind, time) index serves it on a run of any size."""
     start_ns = _origin(db, run_id)
+    # Its lifetime ends with the step summary of the step it finished in: pages
+    # it releases on finishing may be stamped after its RequestFinished.
     life = db.execute(
-        "SELECT arrival_ns, finished_ns FROM requests WHERE run_id = ? AND request_id = ?",
+        """SELECT arrival_ns, (SELECT MIN(s.ts_ns) FROM steps s
+                               WHERE s.run_id = r.run_id AND s.ts_ns >= r.finished_ns)
+           FROM requests r WHERE run_id = ? AND request_id = ?""",
         (run_id, request_id),
     ).fetchone()
     if life is None:
@@ -313,35 +317,39 @@ def request_trace(db: Database, run_id: int, request_id: int) -> RequestTrace:
             AND ts_ns BETWEEN ? AND ? AND request_id = ? ORDER BY ts_ns, id""",
         (run_id, *_REQUEST_KINDS, lo, hi, request_id),
     ).fetchall()
-    held = 0
+    held = prompt = 0
     trace = RequestTrace(request_id, [], [], [], [], [])
     for ts_ns, kind, payload in rows:
         t_s = (ts_ns - start_ns) / 1e9
-        fields = json.loads(payload or "{}")
+        values = json.loads(payload or "{}")
         if kind in ("pages_allocated", "pages_freed"):
-            held += len(fields["pages"]) * (1 if kind == "pages_allocated" else -1)
+            held += len(values["pages"]) * (1 if kind == "pages_allocated" else -1)
             trace.pages_t_s.append(t_s)
             trace.pages.append(held)
-        tokens = _tokens_after(kind, fields)
-        if tokens is not None:
+        for tokens in _tokens_after(kind, values, prompt):
             trace.tokens_t_s.append(t_s)
             trace.tokens.append(tokens)
+        prompt = values.get("prompt_tokens", prompt)
         if kind in _MARK_KINDS:
             trace.marks.append((t_s, kind))
     return trace
 
 
-def _tokens_after(kind: str, fields: dict[str, Any]) -> int | None:
-    """Tokens the request holds on the device right after one of its events."""
+def _tokens_after(kind: str, values: dict[str, Any], prompt: int) -> tuple[int | None, ...]:
+    """Points of the tokens line right after one of the request's events; None
+    breaks the line where the count in between is not recorded (decoding up to
+    a preemption, the recompute after it)."""
     if kind == "request_arrived":
-        return 0
+        return (0,)
     if kind == "chunk_scheduled":
-        return fields["start"] + fields["tokens"]
+        return (values["start"] + values["tokens"],)
+    if kind == "first_token":
+        return (prompt + 1,)
     if kind == "request_preempted":
-        return 0
+        return (None, 0, None)
     if kind == "request_finished":
-        return fields["prompt_tokens"] + fields["output_tokens"]
-    return None
+        return (values["prompt_tokens"] + values["output_tokens"],)
+    return ()
 
 
 # --- the requests table ----------------------------------------------------------------------

@@ -576,6 +576,7 @@ def request_figure(trace: RequestTrace | None) -> go.Figure:
             x=trace.tokens_t_s,
             y=trace.tokens,
             name="tokens held",
+            connectgaps=False,
             mode="lines+markers",
             line={"color": COLORS["tokens"], "width": 2},
         ),
@@ -595,7 +596,9 @@ def request_figure(trace: RequestTrace | None) -> go.Figure:
             font={"size": 10, "color": "#64748b"},
         )
     fig.update_yaxes(title_text="pages", secondary_y=False, rangemode="tozero")
-    fig.update_yaxes(title_text="tokens", secondary_y=True, rangemode="tozero", showgrid=False)
+    fig.update_yaxes(
+        title_text="tokens", secondary_y=True, rangemode="tozero", showgrid=False, tickformat=",d"
+    )
     return fig
 
 
