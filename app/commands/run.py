@@ -93,38 +93,43 @@ def run(args: argparse.Namespace) -> int:
     unsubscribe = engine.bus.subscribe(recorder.on_event)
     recorder.start()
     extras = _start_extras(args, engine, recorder)
-    stop = threading.Event()
-    status = "complete"
-    result: dict | None = None
-    use_tui = not args.headless and sys.stdout.isatty() and sys.stdin.isatty()
+    use_tui = not args.headless and not args.json and sys.stdout.isatty() and sys.stdin.isatty()
+    progress = None if (use_tui or args.json) else _print_progress
+
+    def job(stop: threading.Event) -> dict:
+        """Drive the workload, then close the run (so the UI shows its final status)."""
+        result = drive(engine, items, stop, on_progress=progress)
+        for close in extras:
+            close()
+        unsubscribe()
+        status = "interrupted" if result["interrupted"] else "complete"
+        return {**result, "summary": dataclasses.asdict(recorder.finish(status))}
+
     try:
         if use_tui:
             from app.tui import run_tui
 
-            result = run_tui(db_path, run_id=recorder.run_id, follow=True, job=lambda s: drive(engine, items, s))
+            run_tui(db_path, run_id=recorder.run_id, follow=True, job=job)
         else:
-            result = drive(engine, items, stop, on_progress=None if args.json else _print_progress)
-            if not args.json and sys.stderr.isatty():
+            job(threading.Event())
+            if progress and sys.stderr.isatty():
                 print(file=sys.stderr)
-        if result is None or result.get("interrupted"):
-            status = "interrupted"
     except KeyboardInterrupt:
-        stop.set()
-        status = "interrupted"
-    except BaseException:
-        status = "failed"
-        raise
+        pass  # marked interrupted below; the summary still prints
     finally:
-        for close in extras:
-            close()
-        unsubscribe()
-        summary = dataclasses.asdict(recorder.finish(status))
+        # Ctrl-C, a crash, or quitting before the job started: the run still gets a status.
+        if recorder.summary is None:
+            for close in extras:
+                close()
+            unsubscribe()
+            recorder.finish("interrupted" if sys.exc_info()[0] in (None, KeyboardInterrupt) else "failed")
+    summary = dataclasses.asdict(recorder.summary)
     summary["db"] = db_path
     if args.json:
         print(json.dumps(summary))
     else:
         print(_summary_table(summary))
-    return 130 if status == "interrupted" else 0
+    return 130 if summary["status"] == "interrupted" else 0
 
 
 def _start_extras(args: argparse.Namespace, engine, recorder) -> list:
