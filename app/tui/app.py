@@ -133,7 +133,8 @@ class KvscopeApp(App[None]):
         self._asked_run = run_id
         self._reader = RunReader(self.db_path)
         self._baseline_run = 0  # with a job: the newest run before it started
-        self._status = ""  # right-hand note of the run bar (waiting, errors, job state)
+        self._read_note = ""  # why there is nothing to show (waiting, unreadable database)
+        self._job_note = ""  # how the engine job ended
         self._loading = False
         self._pending = False
         self._last_key: tuple | None = None
@@ -168,7 +169,7 @@ class KvscopeApp(App[None]):
     def on_mount(self) -> None:
         self.query_one("#map-panel").border_title = "Page occupancy"
         self.query_one(RequestsTable).border_title = "Requests"
-        self.query_one(RequestsTable).focus()
+        self.query_one(RequestsTable).focus(scroll_visible=False)  # keep the page map in view
         self._fit_layout()
         self._show_runbar()
         if self._job is not None:
@@ -203,12 +204,12 @@ class KvscopeApp(App[None]):
 
     def on_job_ended(self) -> None:
         if self.job_error is not None:
-            self._status = f"run failed: {self.job_error}"
+            self._job_note = f"run failed: {self.job_error}"
             self.notify(str(self.job_error), title="Run failed", severity="error", timeout=30)
         elif self.stop.is_set():
-            self._status = "run stopped"
+            self._job_note = "run stopped"
         else:
-            self._status = "run finished · q to quit"
+            self._job_note = "run finished · q to quit"
             self.notify("Run finished. Press q to quit.", title="kvscope", timeout=30)
         self._show_runbar()
         self._read()
@@ -218,9 +219,10 @@ class KvscopeApp(App[None]):
     def _tick(self) -> None:
         now = time.monotonic()
         spent = time.thread_time() + self._read_cpu_s
-        duty = LIVE_DUTY if self._job is not None or self._live() else REPLAY_DUTY
-        self._budget_s += (now - self._last_tick) * duty - (spent - self._spent_s)
-        self._budget_s = min(self._budget_s, MAX_BURST_S)
+        if self.view is not None:  # starting up and waiting for a run are not charged
+            duty = LIVE_DUTY if self._job is not None or self._live() else REPLAY_DUTY
+            self._budget_s += (now - self._last_tick) * duty - (spent - self._spent_s)
+            self._budget_s = min(self._budget_s, MAX_BURST_S)
         self._spent_s = spent
         if self.playing:
             self._advance(now - self._last_tick)
@@ -268,7 +270,7 @@ class KvscopeApp(App[None]):
         if isinstance(message.outcome, View):
             self._show(message.outcome)
         elif isinstance(message.outcome, str):
-            self._status = message.outcome
+            self._read_note = message.outcome
             self._show_runbar()
         if self._pending:
             self._pending = False
@@ -280,9 +282,9 @@ class KvscopeApp(App[None]):
         first = self.view is None or self.view.run.run_id != view.run.run_id
         self.view = view
         self.run_id = view.run.run_id
-        if self._status.startswith(("waiting", "cannot")):
-            self._status = ""
+        self._read_note = ""
         if first:
+            self.call_after_refresh(self._start_budget)
             self.speed = default_speed(view.timeline.end_s)
             if not self.follow:
                 self.position_s = view.t_s
@@ -292,6 +294,11 @@ class KvscopeApp(App[None]):
         self.query_one(RequestsTable).requests = tuple(view.requests)
         self._show_timeline()
         self._show_runbar()
+
+    def _start_budget(self) -> None:
+        """Charge the CPU budget from here on: building the screen is not a refresh."""
+        self._spent_s = time.thread_time() + self._read_cpu_s
+        self._budget_s = 0.0
 
     def _show_page_map(self, view: View) -> None:
         self.query_one(PageMap).owners = view.pages
@@ -362,8 +369,9 @@ class KvscopeApp(App[None]):
             text.append(f" · {run.status}", style="#edc948" if run.status == RUNNING else "#8c9bb0")
             text.append(f" · {fmt.count(run.requests)} requests", style="#c0c8d4")
         text.append(f"  {self.db_path.name}", style="#6b7385")
-        if self._status:
-            text.append(f"  {self._status}", style="bold #edc948")
+        for note in (self._read_note, self._job_note):
+            if note:
+                text.append(f"  {note}", style="bold #edc948")
         self.query_one("#runbar", Static).update(text, layout=False)
 
     # --- selection -------------------------------------------------------------------

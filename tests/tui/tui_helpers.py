@@ -69,12 +69,16 @@ def aio(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
 
 
 async def wait_for(pilot: Any, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Let the app run until ``condition()`` holds (reads happen in a worker thread)."""
+    """Let the app run until ``condition()`` holds (reads happen in a worker thread).
+
+    Sleeps rather than ``pilot.pause``: the app charges CPU spent on its thread
+    to its refresh budget, and a tight pause loop would spend it.
+    """
     end = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > end:
             raise AssertionError("the TUI did not reach the expected state in time")
-        await pilot.pause(0.02)
+        await asyncio.sleep(0.02)
 
 
 async def wait_for_view(
