@@ -476,14 +476,14 @@ class RunReader:
 
     def _requests(self, at: _At, t_s: float, pages: np.ndarray | None) -> list[RequestState]:
         """Requests that had arrived by ``t_s``, in the state they were in then."""
-        last_change = dict(
-            self.conn.execute(
-                """SELECT request_id, kind FROM events WHERE run_id = ?
-                   AND kind IN ('request_preempted', 'request_resumed')
-                   AND ts_ns <= ? AND step <= ? ORDER BY step, ts_ns, id""",
-                (at.run_id, at.ts_ns, at.step),
-            ).fetchall()
-        )
+        changes = self.conn.execute(
+            """SELECT request_id, kind FROM events WHERE run_id = ?
+               AND kind IN ('request_preempted', 'request_resumed')
+               AND ts_ns <= ? AND step <= ? ORDER BY step, ts_ns, id""",
+            (at.run_id, at.ts_ns, at.step),
+        ).fetchall()
+        last_change = dict(changes)
+        preemptions = Counter(rid for rid, kind in changes if kind == "request_preempted")
         owners = pages if pages is not None else np.empty(0, np.int32)
         held = np.bincount(owners[owners >= 0]) if owners.size else np.empty(0, np.int64)
         states = []
@@ -515,7 +515,7 @@ class RunReader:
                     pages=int(held[r.request_id]) if r.request_id < len(held) else 0,
                     ttft_s=r.ttft_s if by(r.ttft_s) else None,
                     tpot_s=r.tpot_s if finished else None,
-                    preemptions=r.preemptions,
+                    preemptions=preemptions[r.request_id],
                 )
             )
         return states

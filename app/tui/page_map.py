@@ -30,7 +30,7 @@ _PRIORITY = {PAGE_EVICTED: 4, PAGE_OFFLOADED: 3, PAGE_CACHED: 1, PAGE_FREE: 0}
 # Cell shapes from largest to smallest: (glyph, characters per cell, lines per
 # cell row). The first that fits all pages is used; the glyph's empty top part
 # and the trailing space keep neighbouring cells apart.
-CELL_SHAPES = (("▆▆▆", 4, 2), ("▆▆", 3, 1), ("■", 2, 1))
+CELL_SHAPES = (("▆▆▆▆▆", 6, 2), ("▆▆▆", 4, 2), ("▆▆", 3, 1), ("■", 2, 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -266,8 +266,4 @@ class Panel(Widget):
     def render(self) -> RenderableType:
         if self.view is None or self.view.row is None:
             return Text("waiting for data", style=NOTE_STYLE)
-        content = self._content(self.view, self.size.width)
-        if isinstance(content, Text):
-            content.no_wrap = True
-            content.overflow = "ellipsis"
-        return content
+        return self._content(self.view, self.size.width)

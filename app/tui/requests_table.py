@@ -38,6 +38,9 @@ COLUMNS = (
     Column("preemptions", "pre", 3),
 )
 
+# Sort order of states: requests that hold the cache now come first.
+STATE_RANK = {"running": 0, "preempted": 1, "waiting": 2, "finished": 3, "rejected": 4}
+
 STATE_STYLES = {
     "running": "bold #59a14f",
     "waiting": "#edc948",
@@ -72,8 +75,9 @@ class RequestsTable(DataTable):
     requests: reactive[tuple[RequestState, ...]] = reactive((), always_update=False)
     """The rows shown: replaced only when a request changed, so the table is not rebuilt needlessly."""
 
-    sort_column: reactive[int] = reactive(0)
-    """Index into COLUMNS of the column the rows are ordered by."""
+    sort_column: reactive[int] = reactive(1)
+    """Index into COLUMNS of the column the rows are ordered by (first: state, so
+    running requests lead); ties keep request-id order."""
 
     sort_reverse: reactive[bool] = reactive(False)
     """Descending order (most pages, slowest TTFT first)."""
@@ -109,11 +113,12 @@ class RequestsTable(DataTable):
         """The requests in display order (a missing figure sorts below every number)."""
         key = COLUMNS[self.sort_column].key
 
-        def value(r: RequestState) -> tuple[bool, object]:
-            v = getattr(r, key)
+        def value(r: RequestState) -> tuple[bool, float]:
+            v = STATE_RANK[r.state] if key == "state" else getattr(r, key)
             return (v is not None, v if v is not None else 0)
 
-        return sorted(self.requests, key=value, reverse=self.sort_reverse)
+        by_id = sorted(self.requests, key=lambda r: r.request_id)
+        return sorted(by_id, key=value, reverse=self.sort_reverse)
 
     def _relabel(self) -> None:
         if not self.columns:

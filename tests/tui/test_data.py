@@ -89,12 +89,14 @@ def test_preempted_requests_read_preempted_until_resumed(
 ) -> None:
     conn = reader.conn
     step, rid = conn.execute(
-        "SELECT step, request_id FROM events WHERE run_id = ? AND kind = 'request_preempted' LIMIT 1",
+        "SELECT step, request_id FROM events WHERE run_id = ? AND kind = 'request_preempted'"
+        " ORDER BY step, ts_ns LIMIT 1",
         (recorded.run_id,),
     ).fetchone()
     timeline = reader.timeline(recorded.run_id)
     view = reader.view(recorded.run_id, timeline.t_s[timeline.steps.index(step)])
-    assert next(r for r in view.requests if r.request_id == rid).state == "preempted"
+    preempted = next(r for r in view.requests if r.request_id == rid)
+    assert preempted.state == "preempted" and preempted.preemptions == 1  # counted up to the step
     resumed = conn.execute(
         "SELECT MIN(step) FROM events WHERE run_id = ? AND kind = 'request_resumed' AND request_id = ? AND step > ?",
         (recorded.run_id, rid, step),

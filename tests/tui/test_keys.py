@@ -9,7 +9,7 @@ from app.tui.app import SPEEDS
 from app.tui.help_screen import HelpScreen
 from app.tui.keys import BINDINGS
 from app.tui.page_map import PageMap
-from app.tui.requests_table import COLUMNS, RequestsTable
+from app.tui.requests_table import COLUMNS, STATE_RANK, RequestsTable
 from app.tui.run_picker import RunPicker
 from app.tui.timeline import Timeline
 
@@ -133,26 +133,29 @@ async def test_clicking_a_page_selects_its_request(recorded: Recorded) -> None:
 async def test_sort_key_and_header_clicks_order_the_requests(recorded: Recorded) -> None:
     app = viewer(recorded)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for_view(pilot, app)
+        await goto_step(pilot, app, 60)
         table = app.query_one(RequestsTable)
 
         def column(key: str) -> list:
             index = [c.key for c in COLUMNS].index(key)
             return [table.get_row(row.key)[index].plain for row in table.ordered_rows]
 
-        ids = [int(v.split()[-1]) for v in column("request_id")]
-        assert ids == sorted(ids)
-        await pilot.press("s")  # next column: state
+        # Default: by state, requests holding the cache first, then by id.
         assert COLUMNS[table.sort_column].key == "state"
-        assert column("state") == sorted(column("state"))
-        prompt_header = (2 + sum(c.width + 2 for c in COLUMNS[:2]), 1)  # inside the border
-        await pilot.click(RequestsTable, offset=prompt_header)
+        states = column("state")
+        assert states == sorted(states, key=STATE_RANK.__getitem__) and states[0] == "running"
+        assert len(set(states)) > 1
+        await pilot.press("s")  # next column: prompt tokens
         assert COLUMNS[table.sort_column].key == "prompt_tokens"
         prompts = [int(v) for v in column("prompt_tokens")]
         assert prompts == sorted(prompts)
-        await pilot.click(RequestsTable, offset=prompt_header)
+        prompt_header = (2 + sum(c.width + 2 for c in COLUMNS[:2]), 1)  # inside the border
+        await pilot.click(RequestsTable, offset=prompt_header)  # the sorted column again: reverse
         assert table.sort_reverse
         assert [int(v) for v in column("prompt_tokens")] == sorted(prompts, reverse=True)
+        ttft_header = (2 + sum(c.width + 2 for c in COLUMNS[:6]), 1)
+        await pilot.click(RequestsTable, offset=ttft_header)
+        assert COLUMNS[table.sort_column].key == "ttft_s"
 
 
 @aio

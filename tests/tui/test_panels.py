@@ -6,6 +6,7 @@ synthetic run's own counts), not from the TUI's data layer.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 import numpy as np
@@ -155,7 +156,7 @@ async def test_every_panel_shows_the_databases_figures(
         page_map = app.query_one(PageMap)
         assert page_map.owners is not None and len(page_map.owners) == s["pages_total"]
         assert int(np.count_nonzero(page_map.owners >= 0)) == s["pages_used"]
-        assert page_map.render().plain.count("▆") == 3 * s["pages_total"]
+        assert len(re.findall("▆+", page_map.render().plain)) == s["pages_total"]
 
 
 @aio
