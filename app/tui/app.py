@@ -11,6 +11,7 @@ watching, attaching and replaying.
 
 from __future__ import annotations
 
+import bisect
 import sqlite3
 import threading
 import time
@@ -336,8 +337,8 @@ class KvscopeApp(App[None]):
                 style="bold #e5e9f0",
             )
         legend = self.query_one("#legend", Static)
-        # Relayout only when the legend gains or loses a line.
-        legend.update(text, layout=str(text).count("\n") != str(legend.content).count("\n"))
+        if text != legend.content:  # its height may change: a relayout, so only when needed
+            legend.update(text)
 
     def _show_timeline(self) -> None:
         timeline, view = self.query_one(Timeline), self.view
@@ -416,6 +417,14 @@ class KvscopeApp(App[None]):
         self.position_s = min(max(t_s, 0.0), end)
         self._show_timeline()
         self._read()
+
+    def show_step(self, step: int) -> None:
+        """Pause the replay at ``step`` (or the last recorded step before it): for
+        scripts, such as the screenshot generator."""
+        if self.view is not None and self.view.timeline:
+            timeline = self.view.timeline
+            index = max(0, bisect.bisect_right(timeline.steps, step) - 1)
+            self._seek(timeline.t_s[index])
 
     def _advance(self, wall_s: float) -> None:
         """Playback: move the position ``wall_s * speed`` run-seconds on."""

@@ -17,7 +17,7 @@ PANELS = (
     ("Page occupancy", "one cell per KV page (several per cell when they do not fit)"),
     ("Fragmentation", "page-level vs token-level usage; empty slots are internal fragmentation"),
     ("Prefix cache", "hit rate (hit / queried tokens) recently and overall; cached pages; tree"),
-    ("Churn", "evictions, offloads to the host tier, reloads, preemptions: total, rate, history"),
+    ("Eviction · offload · preemption", "totals, recent rate and history; host-tier pages"),
     ("Kernels", "per kernel: calls, mean time, TFLOP/s, GB/s, share of the device's peak"),
     ("GPU", "utilization, memory and power from NVML, or N/A without a GPU"),
     ("Requests", "state, tokens, pages held, TTFT and TPOT at the shown step"),

@@ -1,0 +1,134 @@
+"""Regenerate the TUI's screenshots (``make screenshots``): PNGs in screenshots/.
+
+By default a fresh run of the real model is recorded first (``kvscope run
+--headless``, about 20 s), so the pictures show what a user sees; ``--db``
+uses an existing recording instead. Each picture is Textual's SVG screenshot
+turned into PNG by ``rsvg-convert`` (Debian package librsvg2-bin).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from app.tui.app import KvscopeApp
+from app.tui.data import check_database
+from db import queries
+from engine.errors import KvscopeError
+
+# (file name, terminal size, keys pressed before the picture)
+SHOTS = (
+    ("tui-main", (140, 42), ()),
+    ("tui-help", (140, 42), ("question_mark",)),
+    ("tui-80x24", (80, 24), ()),
+)
+
+
+def busiest_step(path: Path, run_id: int) -> int:
+    """The step worth a picture: once the cache is under pressure (something was
+    evicted or preempted), the one with the most requests running on the most pages."""
+    with sqlite3.connect(path) as conn:
+        row = conn.execute(
+            """SELECT step FROM steps WHERE run_id = :run AND step >= COALESCE(
+                 (SELECT MIN(step) FROM events WHERE run_id = :run
+                  AND kind IN ('page_evicted', 'request_preempted')), 0)
+               ORDER BY running * pages_used DESC, step LIMIT 1""",
+            {"run": run_id},
+        ).fetchone()
+    if row is None:
+        raise KvscopeError(f"run {run_id} in {path} has no steps to show")
+    return row[0]
+
+
+async def _shoot(
+    path: Path, run_id: int, step: int, size: tuple[int, int], keys: tuple[str, ...], svg: Path
+) -> None:
+    app = KvscopeApp(path, run_id=run_id, follow=False)
+    async with app.run_test(size=size) as pilot:
+        while app.view is None:
+            await pilot.pause(0.05)
+        app.show_step(step)
+        while app.view.row is None or app.view.row.step != step or app._loading:
+            await pilot.pause(0.05)
+        await pilot.press(*keys)
+        await pilot.pause(0.3)
+        app.save_screenshot(svg.name, str(svg.parent))
+
+
+def shoot(path: Path, run_id: int | None, out: Path) -> list[Path]:
+    """Write every picture of SHOTS for ``run_id`` (default: the newest) into ``out``."""
+    if shutil.which("rsvg-convert") is None:
+        raise KvscopeError("rsvg-convert not found: apt-get install librsvg2-bin")
+    check_database(path, run_id)
+    run_id = run_id if run_id is not None else queries.list_runs(path)[0].run_id
+    step = busiest_step(path, run_id)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, size, keys in SHOTS:
+            svg = Path(tmp) / f"{name}.svg"
+            asyncio.run(_shoot(path, run_id, step, size, keys, svg))
+            png = out / f"{name}.png"
+            subprocess.run(["rsvg-convert", "--zoom", "1.5", str(svg), "-o", str(png)], check=True)
+            written.append(png)
+    return written
+
+
+def record_real_run(path: Path) -> None:
+    """Record the pictures' run: the real model on the built-in chat workload."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "run",
+            "--headless",
+            "--requests",
+            "16",
+            "--db",
+            str(path),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app.tui.screenshots", description=__doc__)
+    parser.add_argument(
+        "--db", type=Path, help="an existing recording (default: record a fresh real run)"
+    )
+    parser.add_argument(
+        "--run", type=int, metavar="ID", help="the run to show (default: the newest)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("screenshots"),
+        help="where the PNGs go (default screenshots/)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.db is not None:
+            written = shoot(args.db, args.run, args.out)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                db = Path(tmp) / "screenshots.db"
+                record_real_run(db)
+                written = shoot(db, None, args.out)
+    except KvscopeError as exc:
+        print(f"screenshots: error: {exc}", file=sys.stderr)
+        return 2
+    for png in written:
+        print(png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
