@@ -42,6 +42,7 @@ def add_engine_options(parser: argparse.ArgumentParser, kv_budget: str = "256MiB
     g.add_argument("--eviction-policy", choices=EVICTION_POLICIES, default="lru", help="which unreferenced cached pages go first (default lru)")
     g.add_argument("--offload", choices=OFFLOAD_MODES, default=offload, help=f"evicted prefix pages: offload to the CPU tier (always), drop them (never), or decide by the cost model (auto) (default {offload})")
     g.add_argument("--host-budget", type=parse_size, default=parse_size("256MiB"), metavar="SIZE", help="bytes of the host (CPU) offload tier (default 256MiB)")
+    g.add_argument("--cost-device", default=None, metavar="NAME", help="device preset for the offload cost model (default: cpu, or h100-80 on CUDA); see kvscope calc --device")
     g.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute", help="what happens to a preempted request's pages (default recompute)")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto", help="auto: Triton on CUDA, torch on CPU")
     g.add_argument("--max-batched-tokens", type=int, default=2048, metavar="N", help="per-step token budget; longer prompts are chunked (default 2048)")
@@ -49,6 +50,12 @@ def add_engine_options(parser: argparse.ArgumentParser, kv_budget: str = "256MiB
     g.add_argument("--max-num-seqs", type=int, default=64, metavar="N", help="most requests running at once (default 64)")
     g.add_argument("--weights-dtype", choices=WEIGHT_DTYPES, default="fp32", help="weight storage: fp32 (exact), bf16 or int8 (faster on CPUs with bf16 instructions) (default fp32)")
     g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -68,6 +75,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         eviction_policy=args.eviction_policy,
         offload=args.offload,
         host_budget_bytes=args.host_budget,
+        cost_device=args.cost_device or ("h100-80" if _cuda() else "cpu"),
         preemption=args.preemption,
         attention_backend=args.attention_backend,
         max_batched_tokens=args.max_batched_tokens,

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.cost_model import CPU_COPY_BYTES_PER_S, CPU_FLOPS, OffloadCost
 from engine.engine_config import EngineConfig
 from engine.errors import KvscopeError, RequestError
 from engine.events import (
@@ -38,12 +37,13 @@ from engine.kv_manager import KVCacheManager
 from engine.kv_storage import KVStorage
 from engine.loader import LoadedModel, load_model
 from engine.model import DecoderModel
+from engine.presets import device_preset
 from engine.radix_cache import RadixCache
 from engine.request import Request, Status
 from engine.runner import ModelRunner
 from engine.sampler import SamplingParams, sample
 from engine.scheduler import Scheduler
-from engine.sizing import kv_bytes_per_token
+from engine.sizing import kv_bytes_per_token, reload_cost
 
 
 @dataclass(slots=True)
@@ -109,7 +109,12 @@ class Engine:
         self.storage = KVStorage(
             mcfg.num_layers, num_pages, self.config.page_size, mcfg.num_kv_heads, mcfg.head_dim, self.config.kv_dtype
         )
-        self.offload_cost = OffloadCost(mcfg.num_params, self.bytes_per_token, CPU_FLOPS, CPU_COPY_BYTES_PER_S)
+        # The offload cost model (per token, so the decision does not depend on p):
+        # recompute 2P FLOPs at the device's compute vs reload the KV bytes over its host link.
+        self.cost_device = device_preset(self.config.cost_device)
+        self.offload_cost = reload_cost(
+            mcfg.num_params, self.bytes_per_token, self.cost_device.pcie_gbps, self.cost_device.fp16_tflops
+        )
         if self.config.offload != "never" or self.config.preemption == "swap":
             slots = max(1, int(self.config.host_budget_bytes // page_bytes))
             self.kv.host = HostTier(self.storage.tensors, slots)
@@ -131,7 +136,7 @@ class Engine:
 
     def _should_offload(self) -> bool:
         mode = self.config.offload
-        return mode == "always" or (mode == "auto" and self.offload_cost.prefer_offload())
+        return mode == "always" or (mode == "auto" and self.offload_cost.recompute_over_load > 1.0)
 
     # --- requests -----------------------------------------------------------
 

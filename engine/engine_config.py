@@ -26,6 +26,7 @@ class EngineConfig:
     eviction_policy: str = "lru"
     offload: str = "never"
     host_budget_bytes: int = 256 << 20
+    cost_device: str = "cpu"  # device preset whose compute and host link feed the offload cost model
     preemption: str = "recompute"
     attention_backend: str = "auto"
     max_batched_tokens: int = 2048  # per-step token budget (chunked prefill splits longer prompts)

@@ -37,6 +37,9 @@ class KVCacheManager:
         self.prefix: RadixCache | None = None
         self.host: HostTier | None = None
         self.swapped: dict[int, Request] = {}
+        # Prefix-cache accounting in tokens, counted once per admission (hit rate = hit / queried).
+        self.prefix_queried_tokens = 0
+        self.prefix_hit_tokens = 0
 
     def set_step(self, step: int) -> None:
         self.step = step
@@ -83,16 +86,16 @@ class KVCacheManager:
 
     # --- prefix cache -------------------------------------------------------------
 
-    def admit(self, req: Request) -> None:
-        """Start a request with no pages: take its longest cached prefix."""
+    def match_prefix(self, req: Request) -> int:
+        """Give a request with no pages its longest cached prefix; returns the tokens hit.
+
+        The lookup is accounted only by ``admitted`` (a request that matches but
+        then does not fit gives its pages back with ``retreat`` and looks up
+        again later; counting both would skew the hit rate).
+        """
         if self.prefix is None:
-            return
-        tokens = req.token_ids()
-        pages, hit = self.prefix.match(tokens)
-        if req.scheduled_ns is None:
-            req.num_cached = hit
-        if self.bus.active:
-            self.bus.emit(PrefixLookup(now_ns(), self.step, req.request_id, len(tokens), hit))
+            return 0
+        pages, hit = self.prefix.match(req.token_ids())
         if pages:
             req.pages = pages
             req.num_computed = hit
@@ -100,6 +103,29 @@ class KVCacheManager:
             self.holders[req.request_id] = req
             if self.bus.active:
                 self.bus.emit(PagesAllocated(now_ns(), self.step, req.request_id, tuple(pages)))
+        return hit
+
+    def admitted(self, req: Request, hit: int) -> None:
+        """Account the prefix lookup of a request that was just admitted."""
+        if self.prefix is None:
+            return
+        queried = req.num_tokens
+        self.prefix_queried_tokens += queried
+        self.prefix_hit_tokens += hit
+        if req.scheduled_ns is None:
+            req.num_cached = hit
+        if self.bus.active:
+            self.bus.emit(PrefixLookup(now_ns(), self.step, req.request_id, queried, hit))
+
+    def retreat(self, req: Request) -> None:
+        """A waiting request that could not be admitted holds no pages while it waits.
+
+        Otherwise waiting requests pin cached pages that nobody can evict, and
+        with nothing running the engine would wait forever. The pages stay in
+        the prefix cache (now evictable); the request will match them again.
+        """
+        self.release(req)
+        req.num_computed = 0
 
     def offer(self, req: Request) -> None:
         """Insert the request's newly completed full pages into the prefix cache."""

@@ -76,8 +76,6 @@ class RadixCache:
         self.device_pages = 0  # nodes whose page is on the device
         self.host_pages = 0
         self.evicted_since_snapshot: set[int] = set()
-        self.queried_tokens = 0
-        self.hit_tokens = 0
 
     # --- lookups ---------------------------------------------------------------
 
@@ -107,10 +105,7 @@ class RadixCache:
             child.hits += 1
             pages.append(child.page)
             node = child
-        hit = len(pages) * self.page_size
-        self.queried_tokens += len(tokens)
-        self.hit_tokens += hit
-        return pages, hit
+        return pages, len(pages) * self.page_size
 
     def _reload(self, node: Node) -> bool:
         if self.pool.num_free == 0 and not self.evict(1, protect=node):

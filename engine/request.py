@@ -47,8 +47,7 @@ class Request:
     text: str = ""
     cache_node: Any = None  # deepest prefix-cache node this request's pages reached
     cached_pages: int = 0  # leading pages already offered to the prefix cache
-    host_slots: list[int] = field(default_factory=list)
-    matched: bool = False  # looked up in the prefix cache since its last (re)start  # where a swapped-out request's pages are
+    host_slots: list[int] = field(default_factory=list)  # where a swapped-out request's pages are
 
     @property
     def num_tokens(self) -> int:

@@ -61,7 +61,6 @@ class Scheduler:
             return "swap"
         self.kv.release(victim)
         victim.num_computed = 0
-        victim.matched = False
         victim.status = Status.WAITING
         return "recompute"
 
@@ -91,6 +90,8 @@ class Scheduler:
         watermark = max(1, len(self.running) // 4) if self.running else 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
+            resumed = None
+            hit = 0
             if req.status is Status.SWAPPED:
                 if self.kv.pool.num_free < len(req.host_slots) + watermark:
                     self.kv.reclaim(len(req.host_slots) + watermark - self.kv.pool.num_free)
@@ -98,20 +99,22 @@ class Scheduler:
                     break
                 self.kv.swap_in(req)
                 req.status = Status.WAITING
-                batch.resumed.append((req, "swap"))
-            elif not req.matched:
-                req.matched = True
-                self.kv.admit(req)
-                if req.num_preemptions:
-                    batch.resumed.append((req, "recompute"))
+                resumed = "swap"
+            elif not req.pages:
+                hit = self.kv.match_prefix(req)
+                resumed = "recompute" if req.num_preemptions else None
             remaining = req.num_tokens - req.num_computed
             num_new = min(remaining, budget)
-            if num_new < remaining and not self.config.chunked_prefill:
-                break
-            if not self._ensure(req, req.num_computed + num_new, watermark):
+            fits = num_new == remaining or self.config.chunked_prefill
+            if not (fits and self._ensure(req, req.num_computed + num_new, watermark)):
+                self.kv.retreat(req)
                 break
             self.waiting.popleft()
             self.kv.grow(req, req.num_computed + num_new)
+            if resumed != "swap":
+                self.kv.admitted(req, hit)
+            if resumed:
+                batch.resumed.append((req, resumed))
             req.status = Status.RUNNING
             self.running.append(req)
             batch.requests.append(req)

@@ -64,6 +64,6 @@ def test_forced_preemption_matches(make_engine, baseline, mode):
 
 
 def test_forced_offload_matches(make_engine, baseline):
-    tokens, kinds = _run(make_engine, kv_budget_bytes=30 * 16 * 46080, offload="always")
+    tokens, kinds = _run(make_engine, kv_budget_bytes=20 * 16 * 46080, offload="always")
     assert tokens == baseline
     assert kinds["page_offloaded"] > 0 and kinds["page_reloaded"] > 0

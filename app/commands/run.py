@@ -35,9 +35,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _config_record(args: argparse.Namespace, config) -> dict:
-    record = dataclasses.asdict(config)
-    record.update(workload=args.workload, requests=args.requests, rate=args.rate, seed=args.seed)
+def _config_record(args: argparse.Namespace, engine) -> dict:
+    """The run's configuration as stored with it: engine flags, workload, and the
+    cost model's inputs (the dashboard puts its predictions beside the measurements)."""
+    record = dataclasses.asdict(engine.config)
+    record.update(
+        workload=args.workload, requests=args.requests, rate=args.rate, seed=args.seed,
+        device=engine.config.cost_device, kv_bytes_per_token=engine.bytes_per_token,
+        params=engine.model_config.num_params, pages=engine.num_pages,
+    )  # fmt: skip
     return record
 
 
@@ -89,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     db_path = args.db or str(default_db_path())
     open_db(db_path).conn.close()  # a bad --db fails now, before the model loads
     engine = Engine(config)
-    recorder = Recorder(db_path, _config_record(args, config), model=engine.loaded.source)
+    recorder = Recorder(db_path, _config_record(args, engine), model=engine.loaded.source)
     unsubscribe = engine.bus.subscribe(recorder.on_event)
     recorder.start()
     extras = _start_extras(args, engine, recorder)
