@@ -2,8 +2,8 @@
 
 Rows are rebuilt only when the requests changed, in the chosen order (the
 table's own sort would compare formatted text); the cursor stays on the same
-request across rebuilds. Enter or a click selects a request, which the page
-map then highlights.
+request across rebuilds (unless it is on the top row, which it keeps). Enter or
+a click selects a request, which the page map then highlights.
 """
 
 from __future__ import annotations
@@ -141,7 +141,8 @@ class RequestsTable(DataTable):
                     for column, cell in zip(COLUMNS, row_cells(new), strict=True):
                         self.update_cell(str(new.request_id), column.key, cell)
         else:
-            cursor = self.cursor_request()
+            # The cursor follows its request when the user moved it; at the top it stays there.
+            cursor = self.cursor_request() if self.cursor_row > 0 else None
             self.clear()
             for r in ordered:
                 self.add_row(*row_cells(r), key=str(r.request_id))

@@ -82,21 +82,11 @@ def shoot(path: Path, run_id: int | None, out: Path) -> list[Path]:
 
 def record_real_run(path: Path) -> None:
     """Record the pictures' run: the real model on the built-in chat workload."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "app.cli",
-            "run",
-            "--headless",
-            "--requests",
-            "16",
-            "--db",
-            str(path),
-        ],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    command = [sys.executable, "-m", "app.cli", "run", "--headless", "--requests", "16"]
+    done = subprocess.run([*command, "--db", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        last = done.stderr.strip().splitlines()[-1:] or ["no message"]
+        raise KvscopeError(f"recording the run failed: {last[0]}")
 
 
 def main(argv: list[str] | None = None) -> int:
