@@ -13,9 +13,13 @@ import torch.nn.functional as F
 def sdpa_one(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
 ) -> torch.Tensor:
-    """q ``[q_len, Hq, D]`` over k, v ``[kv_len, Hkv, D]``, bottom-right causal."""
+    """q ``[q_len, Hq, D]`` over k, v ``[kv_len, Hkv, D]``, bottom-right causal.
+
+    SDPA gets 4-D ``[1, H, L, D]`` views: with 3-D inputs torch's CPU dispatch
+    falls back to its math path, measured 10x slower at 500 tokens.
+    """
     q_len, kv_len = q.shape[0], k.shape[0]
-    qh, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    qh, k, v = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     if not causal:
         out = F.scaled_dot_product_attention(qh, k, v, scale=scale, enable_gqa=True)
     elif q_len == kv_len:
@@ -27,8 +31,8 @@ def sdpa_one(
         mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
         out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         if kv_len < q_len:
-            out[:, : q_len - kv_len] = 0
-    return out.transpose(0, 1)
+            out[..., : q_len - kv_len, :] = 0
+    return out[0].transpose(0, 1)
 
 
 def varlen_attention_torch(
