@@ -55,9 +55,9 @@ REFRESH_S = 0.5
 # Share of one core the UI (reads and drawing) may use while an engine runs
 # (a live run, in this process or another), and while replaying a finished run;
 # and the most CPU seconds it may save up for a burst (keys, a new view).
-LIVE_DUTY = 0.04
+LIVE_DUTY = 0.03
 REPLAY_DUTY = 0.25
-MAX_BURST_S = 0.1
+MAX_BURST_S = 0.05
 # Replay speeds (run seconds per wall second); a replay starts at the one that
 # plays the whole run in about REPLAY_TARGET_S.
 SPEEDS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
@@ -169,7 +169,6 @@ class KvscopeApp(App[None]):
 
     def on_mount(self) -> None:
         self.query_one("#map-panel").border_title = "Page occupancy"
-        self.query_one(RequestsTable).border_title = "Requests"
         self.query_one(RequestsTable).focus(scroll_visible=False)  # keep the page map in view
         self._fit_layout()
         self._show_runbar()

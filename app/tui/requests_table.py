@@ -1,7 +1,7 @@
 """The requests panel: one row per request at the current position, sortable.
 
 Rows are rebuilt only when the requests changed, in the chosen order (the
-table's own sort would compare formatted text); the cursor stays on the same
+table's own sort would compare formatted text), the first MAX_ROWS of them; the cursor stays on the same
 request across rebuilds (unless it is on the top row, which it keeps). Enter or
 a click selects a request, which the page map then highlights.
 """
@@ -37,6 +37,10 @@ COLUMNS = (
     Column("tpot_s", "TPOT", 8),
     Column("preemptions", "pre", 3),
 )
+
+# Rows shown at most (the first in the chosen order): refilling a table costs
+# time per row, and the UI must stay light however long the run.
+MAX_ROWS = 100
 
 # Sort order of states: requests that hold the cache now come first.
 STATE_RANK = {"running": 0, "preempted": 1, "waiting": 2, "finished": 3, "rejected": 4}
@@ -134,7 +138,9 @@ class RequestsTable(DataTable):
         else the table is refilled."""
         if not self.columns:
             return
-        ordered = self.ordered()
+        ordered = self.ordered()[:MAX_ROWS]
+        shown = f"first {MAX_ROWS} of " if len(self.requests) > MAX_ROWS else ""
+        self.border_title = f"Requests · {shown}{len(self.requests):,}"
         if [r.request_id for r in ordered] == [r.request_id for r in self._shown]:
             for new, old in zip(ordered, self._shown, strict=True):
                 if new != old:
