@@ -198,3 +198,12 @@ async def test_q_quits(recorded: Recorded) -> None:
         await pilot.press("q")
         await pilot.pause()
         assert app._exit and app.stop.is_set()
+
+
+def test_docs_list_every_binding() -> None:
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "tui.md").read_text()
+    for binding in BINDINGS:
+        assert binding.description in docs, binding.description
+        assert f"`{binding.key_display or binding.key}`" in docs, binding.key
