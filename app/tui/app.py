@@ -354,8 +354,10 @@ class KvscopeApp(App[None]):
         timeline.speed = self.speed
         timeline.end_s = view.timeline.end_s
         timeline.position_s = view.t_s if self.follow else (self.position_s or 0.0)
-        step = view.row.step if view.row else "—"
-        timeline.step_label = f"step {step} ({view.index + 1}/{len(view.timeline)})"
+        if view.row is None:
+            timeline.step_label = "no step recorded yet"
+        else:
+            timeline.step_label = f"step {view.row.step} ({view.index + 1}/{len(view.timeline)})"
 
     def _show_runbar(self) -> None:
         text = Text.assemble((" kvscope ", "bold #1c1f26 on #5e9fd0"))

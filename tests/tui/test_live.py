@@ -14,6 +14,7 @@ from tui_helpers import MAIN, SMALL, aio, make_recorder, record, wait_for, wait_
 from app.cli import main as cli_main
 from app.tui import run_tui
 from app.tui.app import KvscopeApp
+from app.tui.page_map import PageMap
 from app.tui.requests_table import RequestsTable
 from app.tui.timeline import Timeline
 from db import queries
@@ -65,6 +66,20 @@ async def test_follow_waits_for_a_first_run(tmp_path: Path) -> None:
         run_id, _ = record(path, **SMALL)
         view = await wait_for_view(pilot, app)
         assert view.run.run_id == run_id and "waiting" not in runbar(app)
+
+
+@aio
+async def test_a_run_without_steps_yet_shows_placeholders(tmp_path: Path) -> None:
+    path = tmp_path / "starting.db"
+    recorder = make_recorder(path)  # the run exists; the engine has not stepped yet
+    app = KvscopeApp(path, follow=True, refresh_s=0.05)
+    async with app.run_test(size=(120, 40)) as pilot:
+        view = await wait_for_view(pilot, app)
+        assert view.row is None and view.run.run_id == recorder.run_id
+        assert app.query_one(Timeline).step_label == "no step recorded yet"
+        assert str(app.query_one("#throughput").render()) == "waiting for data"
+        assert str(app.query_one(PageMap).render()) == "no page-map snapshot recorded yet"
+    recorder.finish("complete")
 
 
 def engine_job(path: Path, step_pause_s: float = 0.01, **params: Any):
