@@ -12,12 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# ``kvscope run``'s engine workload: runs until done or until the event is set.
+Job = Callable[[threading.Event], "dict[str, Any] | None"]
+
 
 def run_tui(
     db_path: str | os.PathLike[str],
     run_id: int | None = None,
     follow: bool = True,
-    job: Callable[[threading.Event], dict[str, Any] | None] | None = None,
+    job: Job | None = None,
 ) -> dict[str, Any] | None:
     """Show a run in the terminal until the user quits; returns the job's result.
 

@@ -15,7 +15,6 @@ import bisect
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, Static
 
-from app.tui import fmt
+from app.tui import Job, fmt
 from app.tui.data import RunReader, View
 from app.tui.help_screen import HelpScreen
 from app.tui.keys import BINDINGS
@@ -65,8 +64,6 @@ REPLAY_TARGET_S = 30.0
 # Narrower terminals stack the panels in fewer columns.
 NARROW_COLS = 120
 
-Job = Callable[[threading.Event], "dict[str, Any] | None"]
-
 
 def default_speed(duration_s: float) -> float:
     """The replay speed nearest (in ratio) to playing ``duration_s`` in REPLAY_TARGET_S."""
@@ -96,9 +93,6 @@ class KvscopeApp(App[None]):
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [*BINDINGS, ("ctrl+c", "quit", "Quit")]
 
-    run_id: reactive[int | None] = reactive(None)
-    """The run on screen; None until one is found."""
-
     follow: reactive[bool] = reactive(True)
     """The position tracks the newest recorded step (live)."""
 
@@ -122,6 +116,7 @@ class KvscopeApp(App[None]):
         super().__init__()
         self.db_path = Path(db_path)
         self.refresh_s = refresh_s
+        self.run_id: int | None = None  # the run on screen; None until one is found
         self.view: View | None = None
         # Run seconds of the shown step while not following; None: the newest step.
         self.position_s: float | None = None
@@ -301,7 +296,10 @@ class KvscopeApp(App[None]):
         self._budget_s = 0.0
 
     def _show_page_map(self, view: View) -> None:
-        self.query_one(PageMap).owners = view.pages
+        page_map = self.query_one(PageMap)
+        shown = page_map.owners
+        if shown is None or view.pages is None or not np.array_equal(shown, view.pages):
+            page_map.owners = view.pages  # repainted only when a page changed hands
         self._show_legend()
 
     def _show_legend(self) -> None:
@@ -375,6 +373,15 @@ class KvscopeApp(App[None]):
             if note:
                 text.append(f"  {note}", style="bold #edc948")
         self.query_one("#runbar", Static).update(text, layout=False)
+
+    def watch_follow(self) -> None:
+        self._show_timeline()
+
+    def watch_playing(self) -> None:
+        self._show_timeline()
+
+    def watch_speed(self) -> None:
+        self._show_timeline()
 
     # --- selection -------------------------------------------------------------------
 
@@ -451,12 +458,10 @@ class KvscopeApp(App[None]):
         elif self.follow:
             self._seek(self._current_s())
         else:
-            if self.view.at_end and not self._live() and self.position_s is not None:
-                if self.position_s >= self.view.timeline.end_s:
-                    self.position_s = 0.0  # a finished replay plays again from the start
-            self.playing = True
+            if not self._live() and self._current_s() >= self.view.timeline.end_s:
+                self.position_s = 0.0  # a finished replay plays again from the start
             self._last_tick = time.monotonic()
-        self._show_timeline()
+            self.playing = True
 
     def action_step(self, delta: int) -> None:
         if self.view is None or not self.view.timeline:
@@ -476,7 +481,6 @@ class KvscopeApp(App[None]):
         if self._live():
             self.follow = True
             self.playing = False
-            self._show_timeline()
             self._read()
         elif self.view is not None:
             self._seek(self.view.timeline.end_s)
@@ -484,7 +488,6 @@ class KvscopeApp(App[None]):
     def action_speed(self, delta: int) -> None:
         index = min(range(len(SPEEDS)), key=lambda i: abs(SPEEDS[i] - self.speed))
         self.speed = SPEEDS[min(max(index + delta, 0), len(SPEEDS) - 1)]
-        self._show_timeline()
 
     def on_timeline_seek(self, message: Timeline.Seek) -> None:
         if self.view is not None:
@@ -504,25 +507,19 @@ class KvscopeApp(App[None]):
         if not runs:
             self.notify("no runs in this database yet")
             return
-        self.push_screen(RunPicker(runs, self.run_id), self._switch_to)
+        live = {run.run_id for run in runs if run.status == RUNNING}
+        self.push_screen(RunPicker(runs, self.run_id), lambda chosen: self._switch_to(chosen, live))
 
-    def _switch_to(self, run_id: int | None) -> None:
+    def _switch_to(self, run_id: int | None, live: set[int]) -> None:
+        """Show another run: a live one followed, a finished one at its end."""
         if run_id is None or run_id == self.run_id:
             return
-        self._asked_run = run_id
-        self.run_id = run_id
+        self._asked_run = self.run_id = run_id
         self.view = None
         self.selected_request = None
         self.playing = False
         self.position_s = None
-        self.follow = next(
-            (
-                run.status == RUNNING
-                for run in queries.list_runs(self.db_path)
-                if run.run_id == run_id
-            ),
-            False,
-        )
+        self.follow = run_id in live
         self._read()
 
     async def action_quit(self) -> None:

@@ -118,23 +118,24 @@ class RequestState:
 
 @dataclass(frozen=True, slots=True)
 class View:
-    """Every figure the panels show, for one run at one position."""
+    """Every figure the panels show, for one run at one position. A run that has
+    not recorded a step yet has only ``run`` and an empty ``timeline``."""
 
     run: RunInfo
     timeline: Timeline
-    index: int  # position in the timeline
-    row: StepRow | None  # None until the run records its first step
-    history: list[StepPoint]  # the last HISTORY_S, HISTORY_POINTS buckets
-    recent: StepPoint | None  # one bucket over the last WINDOW_S
-    total: Counters
-    window: Counters
-    churn_history: dict[str, list[int]]  # CHURN_KINDS -> events per history bucket
-    tree_pages: int
-    page_map: PageSnapshot | None  # the snapshot ``pages`` was replayed from
-    pages: np.ndarray | None  # owner per page at the position (PAGE_* codes, PAGE_OFFLOADED)
-    requests: list[RequestState]
-    kernels: list[KernelStat]
-    gpu: list[GpuPoint]
+    index: int = 0  # position in the timeline
+    row: StepRow | None = None  # None until the run records its first step
+    history: list[StepPoint] = field(default_factory=list)  # HISTORY_S in HISTORY_POINTS
+    recent: StepPoint | None = None  # one bucket over the last WINDOW_S
+    total: Counters = Counters(0.0)
+    window: Counters = Counters(0.0)
+    churn_history: dict[str, list[int]] = field(default_factory=dict)  # per history bucket
+    tree_pages: int = 0
+    page_map: PageSnapshot | None = None  # the snapshot ``pages`` was replayed from
+    pages: np.ndarray | None = None  # owner per page at the position (PAGE_* codes)
+    requests: list[RequestState] = field(default_factory=list)
+    kernels: list[KernelStat] = field(default_factory=list)
+    gpu: list[GpuPoint] = field(default_factory=list)
 
     @property
     def t_s(self) -> float:
@@ -170,7 +171,8 @@ def check_database(
     finally:
         db.conn.close()
     if run_id is not None and run_id not in ids and not missing_ok:
-        held = f"it holds runs {', '.join(map(str, ids))}" if ids else "it holds no runs"
+        listed = ", ".join(map(str, ids)) if len(ids) <= 10 else f"{ids[0]} to {ids[-1]}"
+        held = f"it holds runs {listed}" if ids else "it holds no runs"
         raise KvscopeError(f"no run {run_id} in {path} ({held})")
     if not ids and not no_runs_ok:
         raise KvscopeError(f"{path} holds no runs yet (record one with `kvscope run`)")
@@ -258,10 +260,6 @@ class RunReader:
             self._db.close()
             self._db = None
 
-    def runs(self) -> list[RunInfo]:
-        """Every run, newest first."""
-        return queries.list_runs(self.conn)
-
     def newest_run(self, after: int = 0) -> int | None:
         """The newest run's id if it is above ``after`` (a run started after a baseline)."""
         row = self.conn.execute("SELECT MAX(id) FROM runs").fetchone()
@@ -297,23 +295,7 @@ class RunReader:
         index = len(timeline) - 1 if t_s is None else timeline.index_at(t_s)
         row = self._step_row(run_id, timeline.steps[index]) if timeline.steps else None
         if row is None:
-            return View(
-                run,
-                timeline,
-                0,
-                None,
-                [],
-                None,
-                Counters(0.0),
-                Counters(0.0),
-                {},
-                0,
-                None,
-                None,
-                [],
-                [],
-                [],
-            )
+            return View(run, timeline)
         t = row.t_s
         at = _At(run_id, row.step, self._start_ns(run_id) + round(t * 1e9))
         since = max(0.0, t - HISTORY_S)
