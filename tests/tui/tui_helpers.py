@@ -68,7 +68,7 @@ def aio(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
     return run
 
 
-async def wait_for(pilot: Any, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+async def wait_for(pilot: Any, condition: Callable[[], bool], timeout: float = 60.0) -> None:
     """Let the app run until ``condition()`` holds (reads happen in a worker thread).
 
     Sleeps rather than ``pilot.pause``: the app charges CPU spent on its thread
