@@ -13,6 +13,7 @@ import argparse
 import json
 
 import common
+
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.loader import load_model

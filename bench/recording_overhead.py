@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import common
+
 from app.run_job import drive
 from app.workloads import builtin
 from engine.engine import Engine

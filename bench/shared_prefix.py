@@ -14,6 +14,7 @@ import json
 import time
 
 import common
+
 from app.workloads import DOCUMENT, QUESTIONS, SYSTEM_PROMPT
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
