@@ -48,10 +48,9 @@ def prompts(n: int) -> list[str]:
     return out
 
 
-def bench_kvscope(loaded, token_ids: list[list[int]], new: int) -> tuple[float, int]:
-    engine = Engine(
-        EngineConfig(kv_budget_bytes=512 << 20, max_num_seqs=len(token_ids)), loaded=loaded
-    )
+def bench_kvscope(loaded, token_ids: list[list[int]], new: int, weights_dtype: str) -> tuple[float, int]:
+    config = EngineConfig(kv_budget_bytes=512 << 20, max_num_seqs=len(token_ids), weights_dtype=weights_dtype)
+    engine = Engine(config, loaded=loaded)
     engine.generate(token_ids[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     t0 = time.perf_counter()
     outs = engine.generate(token_ids, SamplingParams(max_tokens=new, ignore_eos=True))
@@ -103,23 +102,25 @@ def main() -> None:
         loaded.codec.encode(loaded.codec.render_chat([{"role": "user", "content": p}]))
         for p in prompts(args.prompts)
     ]
-    ks, kt = bench_kvscope(loaded, token_ids, args.new)
-    hs, ht = bench_transformers(token_ids, args.new, args.hf_batch)
-    rows = {
-        "kvscope": {"seconds": ks, "tokens": kt, "tokens_per_s": kt / ks},
-        "transformers": {"seconds": hs, "tokens": ht, "tokens_per_s": ht / hs},
-    }
-    ratio = rows["kvscope"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"]
+    rows = {}
+    for wd in ("fp32", "bf16"):
+        rows[f"kvscope, {wd} weights (one batch)"] = bench_kvscope(loaded, token_ids, args.new, wd)
+    seconds, tokens = bench_transformers(token_ids, args.new, args.hf_batch)
+    rows[f"transformers, fp32 (batch {args.hf_batch})"] = (seconds, tokens)
+    base = tokens / seconds
     if args.json:
-        print(json.dumps({**rows, "ratio": ratio, "threads": torch.get_num_threads()}))
+        print(json.dumps({name: {"seconds": s, "tokens": t, "tokens_per_s": t / s, "vs_transformers": t / s / base} for name, (s, t) in rows.items()}))
         return
-    print(
-        f"{args.prompts} prompts x {args.new} new greedy tokens, fp32, {torch.get_num_threads()} threads"
-    )
-    print(f"{'engine':<28}{'seconds':>10}{'tokens':>10}{'tok/s':>10}")
-    print(f"{'kvscope (one batch)':<28}{ks:>10.1f}{kt:>10}{kt / ks:>10.1f}")
-    print(f"{f'transformers (batch {args.hf_batch})':<28}{hs:>10.1f}{ht:>10}{ht / hs:>10.1f}")
-    print(f"ratio kvscope / transformers: {ratio:.2f}x")
+    print(f"{args.prompts} prompts x {args.new} new greedy tokens, {torch.get_num_threads()} threads, one run")
+    print(common_table(rows, base))
+
+
+def common_table(rows: dict[str, tuple[float, int]], base: float) -> str:
+    lines = [f"| {'engine':<36} | {'seconds':>7} | {'tokens':>6} | {'tok/s':>6} | {'vs transformers':>15} |"]
+    lines.append(f"|{'-' * 38}|{'-' * 9}|{'-' * 8}|{'-' * 8}|{'-' * 17}|")
+    for name, (s, t) in rows.items():
+        lines.append(f"| {name:<36} | {s:>7.1f} | {t:>6} | {t / s:>6.1f} | {t / s / base:>14.2f}x |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
