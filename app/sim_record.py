@@ -13,14 +13,23 @@ from engine.events import StepSummary
 from profiler.recorder import Recorder
 
 
-def record_simulation(db_path: str, results: dict[str, SimResult], config: dict, step_s: float, page_size: int) -> list[int]:
+def record_simulation(
+    db_path: str, results: dict[str, SimResult], config: dict, step_s: float, page_size: int
+) -> list[int]:
     """Write every allocator's timeline; returns the new run ids."""
     run_ids = []
     for name, result in results.items():
         unit = page_size if name == "paged" else 1
-        recorder = Recorder(db_path, {**config, "allocator": name, **result.summary()}, model=None, kind="simulation")
+        recorder = Recorder(
+            db_path,
+            {**config, "allocator": name, **result.summary()},
+            model=None,
+            kind="simulation",
+        )
         t = result.timeline
-        for step, (held, reserved, running, waiting) in enumerate(zip(t.held, t.reserved, t.running, t.waiting, strict=True)):
+        for step, (held, reserved, running, waiting) in enumerate(
+            zip(t.held, t.reserved, t.running, t.waiting, strict=True)
+        ):
             pages_total = result.capacity_slots // unit
             pages_used = -(-reserved // unit)
             recorder.on_event(

@@ -97,7 +97,12 @@ def _poisson_arrivals(rng: random.Random, n: int, rate: float) -> list[float]:
 def _chat(rng: random.Random, n: int, rate: float) -> list[WorkItem]:
     arrivals = _poisson_arrivals(rng, n, rate)
     return [
-        WorkItem(rng.choice(QUESTIONS), max_tokens=rng.choice((24, 32, 48, 64)), arrival_s=a, system=SYSTEM_PROMPT)
+        WorkItem(
+            rng.choice(QUESTIONS),
+            max_tokens=rng.choice((24, 32, 48, 64)),
+            arrival_s=a,
+            system=SYSTEM_PROMPT,
+        )
         for a in arrivals
     ]
 
@@ -106,7 +111,12 @@ def _shared_prefix(rng: random.Random, n: int, rate: float) -> list[WorkItem]:
     doc = DOCUMENT * 3
     arrivals = _poisson_arrivals(rng, n, rate)
     return [
-        WorkItem(f"{doc}\nQuestion: {rng.choice(QUESTIONS)}", max_tokens=32, arrival_s=a, system=SYSTEM_PROMPT)
+        WorkItem(
+            f"{doc}\nQuestion: {rng.choice(QUESTIONS)}",
+            max_tokens=32,
+            arrival_s=a,
+            system=SYSTEM_PROMPT,
+        )
         for a in arrivals
     ]
 
@@ -131,7 +141,13 @@ def _long_context(rng: random.Random, n: int, rate: float) -> list[WorkItem]:
     out = []
     for a in arrivals:
         repeats = rng.randint(4, 8)
-        out.append(WorkItem(DOCUMENT * repeats + "\nSummarize the text above in one sentence.", max_tokens=48, arrival_s=a))
+        out.append(
+            WorkItem(
+                DOCUMENT * repeats + "\nSummarize the text above in one sentence.",
+                max_tokens=48,
+                arrival_s=a,
+            )
+        )
     return out
 
 
@@ -139,10 +155,19 @@ def _mixed(rng: random.Random, n: int, rate: float) -> list[WorkItem]:
     makers = [_chat, _shared_prefix, _multi_turn, _long_context]
     parts = [makers[i % 4](rng, 1, rate)[0] for i in range(n)]
     arrivals = _poisson_arrivals(rng, n, rate)
-    return [WorkItem(p.prompt, p.max_tokens, a, p.system, p.chat) for p, a in zip(parts, arrivals, strict=True)]
+    return [
+        WorkItem(p.prompt, p.max_tokens, a, p.system, p.chat)
+        for p, a in zip(parts, arrivals, strict=True)
+    ]
 
 
-_MAKERS = {"chat": _chat, "shared-prefix": _shared_prefix, "multi-turn": _multi_turn, "long-context": _long_context, "mixed": _mixed}
+_MAKERS = {
+    "chat": _chat,
+    "shared-prefix": _shared_prefix,
+    "multi-turn": _multi_turn,
+    "long-context": _long_context,
+    "mixed": _mixed,
+}
 
 
 def builtin(name: str, requests: int, rate: float = 4.0, seed: int = 0) -> list[WorkItem]:
@@ -198,4 +223,6 @@ def load_workload(spec: str, requests: int, rate: float = 4.0, seed: int = 0) ->
     path = Path(spec)
     if path.suffix == ".jsonl" or path.exists():
         return read_jsonl(path)
-    raise KvscopeError(f"unknown workload {spec!r}: use one of {', '.join(BUILTIN)} or a .jsonl file")
+    raise KvscopeError(
+        f"unknown workload {spec!r}: use one of {', '.join(BUILTIN)} or a .jsonl file"
+    )

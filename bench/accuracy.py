@@ -25,7 +25,22 @@ from engine.engine_config import EngineConfig
 from engine.loader import load_model
 from engine.sizing import KV_FORMATS
 
-MODULES = ["argparse", "collections", "json", "textwrap", "heapq", "bisect", "functools", "itertools", "pickle", "csv", "random", "statistics", "string", "difflib"]
+MODULES = [
+    "argparse",
+    "collections",
+    "json",
+    "textwrap",
+    "heapq",
+    "bisect",
+    "functools",
+    "itertools",
+    "pickle",
+    "csv",
+    "random",
+    "statistics",
+    "string",
+    "difflib",
+]
 
 
 def fixed_text() -> str:
@@ -43,13 +58,18 @@ def evaluate(loaded, ids: list[int], **config) -> tuple[torch.Tensor, float]:
     return F.log_softmax(logits, -1), engine.bytes_per_token
 
 
-def compare(logp: torch.Tensor, reference: torch.Tensor, target: torch.Tensor, ref_ppl: float | None) -> dict:
+def compare(
+    logp: torch.Tensor, reference: torch.Tensor, target: torch.Tensor, ref_ppl: float | None
+) -> dict:
     ppl = torch.exp(F.nll_loss(logp, target)).item()
     ref_ppl = ref_ppl or ppl
     return {
         "perplexity": ppl,
         "ppl_change_pct": 100 * (ppl / ref_ppl - 1),
-        "mean_kl": F.kl_div(logp, reference, log_target=True, reduction="none").sum(-1).mean().item(),
+        "mean_kl": F.kl_div(logp, reference, log_target=True, reduction="none")
+        .sum(-1)
+        .mean()
+        .item(),
         "top1_agreement": (logp.argmax(-1) == reference.argmax(-1)).float().mean().item(),
     }
 
@@ -67,7 +87,13 @@ def main() -> None:
     kv_rows = []
     for fmt in KV_FORMATS:
         logp, per_token = evaluate(loaded, ids, kv_dtype=fmt)
-        kv_rows.append({"kv_dtype": fmt, "bytes_per_token": per_token, **compare(logp, reference, target, ref_ppl)})
+        kv_rows.append(
+            {
+                "kv_dtype": fmt,
+                "bytes_per_token": per_token,
+                **compare(logp, reference, target, ref_ppl),
+            }
+        )
     weight_rows = []
     for fmt in ("fp32", "bf16", "int8"):
         logp, _ = evaluate(loaded, ids, weights_dtype=fmt)
@@ -77,15 +103,29 @@ def main() -> None:
         return
 
     def cells(r: dict) -> list:
-        return [r["perplexity"], f"{r['ppl_change_pct']:+.3f}", f"{r['mean_kl']:.2e}", f"{100 * r['top1_agreement']:.2f}%"]
+        return [
+            r["perplexity"],
+            f"{r['ppl_change_pct']:+.3f}",
+            f"{r['mean_kl']:.2e}",
+            f"{100 * r['top1_agreement']:.2f}%",
+        ]
 
-    print(f"{len(ids)} tokens of fixed text, chunks of 256, SmolLM2-135M; baseline: fp32 weights, fp32 KV")
-    print(common.table(
-        ["KV dtype", "bytes/token", "perplexity", "Δ ppl %", "mean KL", "top-1 agreement"],
-        [[r["kv_dtype"], int(r["bytes_per_token"]), *cells(r)] for r in kv_rows],
-    ))
+    print(
+        f"{len(ids)} tokens of fixed text, chunks of 256, SmolLM2-135M; baseline: fp32 weights, fp32 KV"
+    )
+    print(
+        common.table(
+            ["KV dtype", "bytes/token", "perplexity", "Δ ppl %", "mean KL", "top-1 agreement"],
+            [[r["kv_dtype"], int(r["bytes_per_token"]), *cells(r)] for r in kv_rows],
+        )
+    )
     print()
-    print(common.table(["weights", "perplexity", "Δ ppl %", "mean KL", "top-1 agreement"], [[r["weights_dtype"], *cells(r)] for r in weight_rows]))
+    print(
+        common.table(
+            ["weights", "perplexity", "Δ ppl %", "mean KL", "top-1 agreement"],
+            [[r["weights_dtype"], *cells(r)] for r in weight_rows],
+        )
+    )
 
 
 if __name__ == "__main__":

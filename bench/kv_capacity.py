@@ -31,16 +31,30 @@ def main() -> None:
     rows = []
     for fmt in KV_FORMATS:
         engine = Engine(
-            EngineConfig(kv_budget_bytes=args.budget_mib << 20, kv_dtype=fmt, prefix_cache=False,
-                         max_num_seqs=10_000, max_batched_tokens=1 << 30),
+            EngineConfig(
+                kv_budget_bytes=args.budget_mib << 20,
+                kv_dtype=fmt,
+                prefix_cache=False,
+                max_num_seqs=10_000,
+                max_batched_tokens=1 << 30,
+            ),
             loaded=loaded,
         )
         for i in range(400):
-            engine.add_request([1 + (i + j) % 500 for j in range(args.prompt)], SamplingParams(max_tokens=1))
+            engine.add_request(
+                [1 + (i + j) % 500 for j in range(args.prompt)], SamplingParams(max_tokens=1)
+            )
         engine.scheduler.schedule()  # admission only: no forward pass needed to count
         admitted = len(engine.scheduler.running)
-        rows.append({"kv_dtype": fmt, "bytes_per_token": engine.bytes_per_token, "pages": engine.num_pages,
-                     "tokens": engine.num_pages * engine.config.page_size, "requests": admitted})
+        rows.append(
+            {
+                "kv_dtype": fmt,
+                "bytes_per_token": engine.bytes_per_token,
+                "pages": engine.num_pages,
+                "tokens": engine.num_pages * engine.config.page_size,
+                "requests": admitted,
+            }
+        )
     fp16 = next(r for r in rows if r["kv_dtype"] == "fp16")
     for r in rows:
         r["vs_fp16"] = r["requests"] / fp16["requests"]
@@ -48,10 +62,22 @@ def main() -> None:
         print(json.dumps(rows))
         return
     print(f"KV budget {args.budget_mib} MiB, requests of {args.prompt} prompt tokens, page size 16")
-    print(common.table(
-        ["KV dtype", "bytes/token", "pages", "token slots", "concurrent requests", "vs fp16"],
-        [[r["kv_dtype"], int(r["bytes_per_token"]), r["pages"], r["tokens"], r["requests"], f"{r['vs_fp16']:.2f}x"] for r in rows],
-    ))
+    print(
+        common.table(
+            ["KV dtype", "bytes/token", "pages", "token slots", "concurrent requests", "vs fp16"],
+            [
+                [
+                    r["kv_dtype"],
+                    int(r["bytes_per_token"]),
+                    r["pages"],
+                    r["tokens"],
+                    r["requests"],
+                    f"{r['vs_fp16']:.2f}x",
+                ]
+                for r in rows
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -40,19 +40,50 @@ def main() -> None:
         for slot, page in zip(slots, pages, strict=True):
             host.load(slot, page)
         reload = time.perf_counter() - t0
-        rows.append({"tokens": p, "recompute_s": recompute, "reload_s": reload, "measured_ratio": recompute / reload,
-                     "model_recompute_s": cost.recompute_s * p, "model_reload_s": cost.load_s * p,
-                     "model_ratio": cost.recompute_over_load})
+        rows.append(
+            {
+                "tokens": p,
+                "recompute_s": recompute,
+                "reload_s": reload,
+                "measured_ratio": recompute / reload,
+                "model_recompute_s": cost.recompute_s * p,
+                "model_reload_s": cost.load_s * p,
+                "model_ratio": cost.recompute_over_load,
+            }
+        )
     if args.json:
         print(json.dumps(rows))
         return
     dev = engine.cost_device
-    print(f"fp32 KV, page size 16; cost model (engine.sizing.reload_cost) with device preset {dev.name!r}: "
-          f"{dev.fp16_tflops} TFLOP/s, {dev.pcie_gbps} GB/s host link")
-    print(common.table(
-        ["cached tokens", "recompute s", "reload s", "measured ratio", "model recompute s", "model reload s", "model ratio"],
-        [[r["tokens"], r["recompute_s"], r["reload_s"], f"{r['measured_ratio']:.0f}x", r["model_recompute_s"], r["model_reload_s"], f"{r['model_ratio']:.0f}x"] for r in rows],
-    ))
+    print(
+        f"fp32 KV, page size 16; cost model (engine.sizing.reload_cost) with device preset {dev.name!r}: "
+        f"{dev.fp16_tflops} TFLOP/s, {dev.pcie_gbps} GB/s host link"
+    )
+    print(
+        common.table(
+            [
+                "cached tokens",
+                "recompute s",
+                "reload s",
+                "measured ratio",
+                "model recompute s",
+                "model reload s",
+                "model ratio",
+            ],
+            [
+                [
+                    r["tokens"],
+                    r["recompute_s"],
+                    r["reload_s"],
+                    f"{r['measured_ratio']:.0f}x",
+                    r["model_recompute_s"],
+                    r["model_reload_s"],
+                    f"{r['model_ratio']:.0f}x",
+                ]
+                for r in rows
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -90,11 +90,23 @@ def main() -> None:
     if args.json:
         print(json.dumps({"tokens_per_s": results, "median": medians}))
         return
-    print(f"chat workload, {args.requests} requests queued at once, {args.repeats} alternating repeats")
-    print(common.table(
-        ["mode", "tokens/s (median)", "runs", "vs no subscriber"],
-        [[m, medians[m], ", ".join(f"{x:.1f}" for x in results[m]), f"{100 * (medians[m] / base - 1):+.1f}%"] for m in modes],
-    ))
+    print(
+        f"chat workload, {args.requests} requests queued at once, {args.repeats} alternating repeats"
+    )
+    print(
+        common.table(
+            ["mode", "tokens/s (median)", "runs", "vs no subscriber"],
+            [
+                [
+                    m,
+                    medians[m],
+                    ", ".join(f"{x:.1f}" for x in results[m]),
+                    f"{100 * (medians[m] / base - 1):+.1f}%",
+                ]
+                for m in modes
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

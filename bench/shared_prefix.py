@@ -26,8 +26,18 @@ from engine.sampler import SamplingParams
 def run(loaded, prompts: list[list[int]], new: int, prefix_cache: bool) -> dict:
     bus = EventBus()
     prefill = [0]
-    bus.subscribe(lambda e: prefill.__setitem__(0, prefill[0] + e.prefill_tokens) if isinstance(e, StepSummary) else None)
-    engine = Engine(EngineConfig(kv_budget_bytes=1 << 30, prefix_cache=prefix_cache, max_num_seqs=len(prompts)), bus=bus, loaded=loaded)
+    bus.subscribe(
+        lambda e: (
+            prefill.__setitem__(0, prefill[0] + e.prefill_tokens)
+            if isinstance(e, StepSummary)
+            else None
+        )
+    )
+    engine = Engine(
+        EngineConfig(kv_budget_bytes=1 << 30, prefix_cache=prefix_cache, max_num_seqs=len(prompts)),
+        bus=bus,
+        loaded=loaded,
+    )
     t0 = time.perf_counter()
     engine.generate(prompts, SamplingParams(max_tokens=new, ignore_eos=True))
     return {"seconds": time.perf_counter() - t0, "prefill_tokens": prefill[0]}
@@ -42,23 +52,45 @@ def main() -> None:
     loaded = load_model()
     shared = SYSTEM_PROMPT + "\n\n" + DOCUMENT * 5
     prompts = [
-        loaded.codec.encode(loaded.codec.render_chat([{"role": "system", "content": shared}, {"role": "user", "content": f"{QUESTIONS[i % len(QUESTIONS)]} (ticket {i})"}]))
+        loaded.codec.encode(
+            loaded.codec.render_chat(
+                [
+                    {"role": "system", "content": shared},
+                    {"role": "user", "content": f"{QUESTIONS[i % len(QUESTIONS)]} (ticket {i})"},
+                ]
+            )
+        )
         for i in range(args.requests)
     ]
     prefix_len = min(len(p) for p in prompts)
     on = run(loaded, prompts, args.new, True)
     off = run(loaded, prompts, args.new, False)
-    result = {"requests": args.requests, "prompt_tokens": sum(map(len, prompts)), "on": on, "off": off,
-              "speedup": off["seconds"] / on["seconds"], "prefill_ratio": off["prefill_tokens"] / on["prefill_tokens"]}
+    result = {
+        "requests": args.requests,
+        "prompt_tokens": sum(map(len, prompts)),
+        "on": on,
+        "off": off,
+        "speedup": off["seconds"] / on["seconds"],
+        "prefill_ratio": off["prefill_tokens"] / on["prefill_tokens"],
+    }
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{args.requests} requests, ~{prefix_len} shared prompt tokens each, {args.new} new tokens each")
-    print(common.table(
-        ["prefix cache", "prefill tokens computed", "end-to-end s"],
-        [["on", on["prefill_tokens"], on["seconds"]], ["off", off["prefill_tokens"], off["seconds"]]],
-    ))
-    print(f"prefill tokens: {result['prefill_ratio']:.1f}x fewer; end to end: {result['speedup']:.1f}x faster")
+    print(
+        f"{args.requests} requests, ~{prefix_len} shared prompt tokens each, {args.new} new tokens each"
+    )
+    print(
+        common.table(
+            ["prefix cache", "prefill tokens computed", "end-to-end s"],
+            [
+                ["on", on["prefill_tokens"], on["seconds"]],
+                ["off", off["prefill_tokens"], off["seconds"]],
+            ],
+        )
+    )
+    print(
+        f"prefill tokens: {result['prefill_ratio']:.1f}x fewer; end to end: {result['speedup']:.1f}x faster"
+    )
 
 
 if __name__ == "__main__":

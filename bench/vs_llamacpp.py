@@ -27,19 +27,31 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LLAMA_VENV = Path(os.environ.get("KVSCOPE_CACHE", Path.home() / ".cache" / "kvscope")) / "llamacpp-venv"
+LLAMA_VENV = (
+    Path(os.environ.get("KVSCOPE_CACHE", Path.home() / ".cache" / "kvscope")) / "llamacpp-venv"
+)
 LLAMA_VERSION = "0.3.36"
 NEW_TOKENS = 64
 
 
 def prepare_llamacpp() -> Path:
     python = LLAMA_VENV / "bin" / "python"
-    if python.exists() and subprocess.run([python, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+    if (
+        python.exists()
+        and subprocess.run([python, "-c", "import llama_cpp"], capture_output=True).returncode == 0
+    ):
         return python
-    print(f"preparing llama-cpp-python {LLAMA_VERSION} in {LLAMA_VENV} (compiles for several minutes)...", file=sys.stderr)
+    print(
+        f"preparing llama-cpp-python {LLAMA_VERSION} in {LLAMA_VENV} (compiles for several minutes)...",
+        file=sys.stderr,
+    )
     subprocess.run([sys.executable, "-m", "venv", str(LLAMA_VENV)], check=True)
     env = {**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=ON -DGGML_OPENMP=ON", "FORCE_CMAKE": "1"}
-    subprocess.run([python, "-m", "pip", "install", "-q", f"llama-cpp-python=={LLAMA_VERSION}"], check=True, env=env)
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", f"llama-cpp-python=={LLAMA_VERSION}"],
+        check=True,
+        env=env,
+    )
     return python
 
 
@@ -130,15 +142,30 @@ print(json.dumps({"tokens": produced, "seconds": time.perf_counter() - t0}))
 
 def prompts_for(mode: str, count: int) -> list[str]:
     if mode == "prefill":
-        base = ("Paged attention stores the keys and values of each request in fixed-size pages, and a page "
-                "table maps positions to pages so memory is allocated on demand. ")
+        base = (
+            "Paged attention stores the keys and values of each request in fixed-size pages, and a page "
+            "table maps positions to pages so memory is allocated on demand. "
+        )
         return [base * 25]  # over 500 tokens; both programs keep the first 500
-    topics = ["the sea", "a GPU", "coffee", "a violin", "rain", "a bicycle", "mountains", "a library"]
-    return [f"Write a short story about {topics[i % len(topics)]} number {i}." for i in range(count)]
+    topics = [
+        "the sea",
+        "a GPU",
+        "coffee",
+        "a violin",
+        "rain",
+        "a bicycle",
+        "mountains",
+        "a library",
+    ]
+    return [
+        f"Write a short story about {topics[i % len(topics)]} number {i}." for i in range(count)
+    ]
 
 
 def measure(cmd: list[str], prompts: list[str]) -> float:
-    proc = subprocess.run(cmd, input=json.dumps(prompts), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        cmd, input=json.dumps(prompts), capture_output=True, text=True, timeout=900
+    )
     if proc.returncode != 0:
         raise SystemExit(f"benchmark subprocess failed: {proc.stderr.strip().splitlines()[-1:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -163,21 +190,74 @@ def main() -> None:
         prompts = prompts_for(mode, n)
         samples: dict[str, list[float]] = {"kvscope": [], "llama.cpp": [], "llama.cpp FA": []}
         for _ in range(args.repeats):
-            samples["kvscope"].append(measure([sys.executable, "-c", KVSCOPE_PROGRAM, mode, str(n), args.weights_dtype, str(args.threads)], prompts))
-            samples["llama.cpp"].append(measure([str(llama_python), "-c", LLAMA_PROGRAM, gguf, mode, str(n), "0", str(args.threads)], prompts))
-            samples["llama.cpp FA"].append(measure([str(llama_python), "-c", LLAMA_PROGRAM, gguf, mode, str(n), "1", str(args.threads)], prompts))
+            samples["kvscope"].append(
+                measure(
+                    [
+                        sys.executable,
+                        "-c",
+                        KVSCOPE_PROGRAM,
+                        mode,
+                        str(n),
+                        args.weights_dtype,
+                        str(args.threads),
+                    ],
+                    prompts,
+                )
+            )
+            samples["llama.cpp"].append(
+                measure(
+                    [
+                        str(llama_python),
+                        "-c",
+                        LLAMA_PROGRAM,
+                        gguf,
+                        mode,
+                        str(n),
+                        "0",
+                        str(args.threads),
+                    ],
+                    prompts,
+                )
+            )
+            samples["llama.cpp FA"].append(
+                measure(
+                    [
+                        str(llama_python),
+                        "-c",
+                        LLAMA_PROGRAM,
+                        gguf,
+                        mode,
+                        str(n),
+                        "1",
+                        str(args.threads),
+                    ],
+                    prompts,
+                )
+            )
         med = {k: statistics.median(v) for k, v in samples.items()}
         best = max(med["llama.cpp"], med["llama.cpp FA"])
-        table.append({"row": f"{mode} {'x' + str(n) if mode == 'decode' else str(n) + ' tokens'}", **med, "ratio_vs_best": med["kvscope"] / best})
+        table.append(
+            {
+                "row": f"{mode} {'x' + str(n) if mode == 'decode' else str(n) + ' tokens'}",
+                **med,
+                "ratio_vs_best": med["kvscope"] / best,
+            }
+        )
     if args.json:
         print(json.dumps(table))
         return
-    print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {args.threads} threads, kvscope weights {args.weights_dtype}, "
-          f"medians of {args.repeats}, tokens/s")
-    print(f"| {'row':<18} | {'kvscope':>8} | {'llama.cpp':>9} | {'llama.cpp FA':>12} | {'kvscope / best':>14} |")
+    print(
+        f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {args.threads} threads, kvscope weights {args.weights_dtype}, "
+        f"medians of {args.repeats}, tokens/s"
+    )
+    print(
+        f"| {'row':<18} | {'kvscope':>8} | {'llama.cpp':>9} | {'llama.cpp FA':>12} | {'kvscope / best':>14} |"
+    )
     print(f"|{'-' * 20}|{'-' * 10}|{'-' * 11}|{'-' * 14}|{'-' * 16}|")
     for r in table:
-        print(f"| {r['row']:<18} | {r['kvscope']:>8.1f} | {r['llama.cpp']:>9.1f} | {r['llama.cpp FA']:>12.1f} | {r['ratio_vs_best']:>13.2f}x |")
+        print(
+            f"| {r['row']:<18} | {r['kvscope']:>8.1f} | {r['llama.cpp']:>9.1f} | {r['llama.cpp FA']:>12.1f} | {r['ratio_vs_best']:>13.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,12 @@ def prompts(n: int) -> list[str]:
     return out
 
 
-def bench_kvscope(loaded, token_ids: list[list[int]], new: int, weights_dtype: str) -> tuple[float, int]:
-    config = EngineConfig(kv_budget_bytes=512 << 20, max_num_seqs=len(token_ids), weights_dtype=weights_dtype)
+def bench_kvscope(
+    loaded, token_ids: list[list[int]], new: int, weights_dtype: str
+) -> tuple[float, int]:
+    config = EngineConfig(
+        kv_budget_bytes=512 << 20, max_num_seqs=len(token_ids), weights_dtype=weights_dtype
+    )
     engine = Engine(config, loaded=loaded)
     engine.generate(token_ids[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     t0 = time.perf_counter()
@@ -109,17 +113,35 @@ def main() -> None:
     rows[f"transformers, fp32 (batch {args.hf_batch})"] = (seconds, tokens)
     base = tokens / seconds
     if args.json:
-        print(json.dumps({name: {"seconds": s, "tokens": t, "tokens_per_s": t / s, "vs_transformers": t / s / base} for name, (s, t) in rows.items()}))
+        print(
+            json.dumps(
+                {
+                    name: {
+                        "seconds": s,
+                        "tokens": t,
+                        "tokens_per_s": t / s,
+                        "vs_transformers": t / s / base,
+                    }
+                    for name, (s, t) in rows.items()
+                }
+            )
+        )
         return
-    print(f"{args.prompts} prompts x {args.new} new greedy tokens, {torch.get_num_threads()} threads, one run")
+    print(
+        f"{args.prompts} prompts x {args.new} new greedy tokens, {torch.get_num_threads()} threads, one run"
+    )
     print(common_table(rows, base))
 
 
 def common_table(rows: dict[str, tuple[float, int]], base: float) -> str:
-    lines = [f"| {'engine':<36} | {'seconds':>7} | {'tokens':>6} | {'tok/s':>6} | {'vs transformers':>15} |"]
+    lines = [
+        f"| {'engine':<36} | {'seconds':>7} | {'tokens':>6} | {'tok/s':>6} | {'vs transformers':>15} |"
+    ]
     lines.append(f"|{'-' * 38}|{'-' * 9}|{'-' * 8}|{'-' * 8}|{'-' * 17}|")
     for name, (s, t) in rows.items():
-        lines.append(f"| {name:<36} | {s:>7.1f} | {t:>6} | {t / s:>6.1f} | {t / s / base:>14.2f}x |")
+        lines.append(
+            f"| {name:<36} | {s:>7.1f} | {t:>6} | {t / s:>6.1f} | {t / s / base:>14.2f}x |"
+        )
     return "\n".join(lines)
 
 

@@ -119,7 +119,9 @@ class ModelConfig:
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or hidden // heads),
             vocab_size=int(raw["vocab_size"]),
-            rope_theta=float(raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+            rope_theta=float(
+                raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+            ),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             max_position=int(raw.get("max_position_embeddings", 2048)),
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),

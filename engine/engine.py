@@ -88,7 +88,12 @@ def kv_budget(config: EngineConfig, weight_bytes: int) -> int:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig | None = None, bus: EventBus | None = None, loaded: LoadedModel | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        bus: EventBus | None = None,
+        loaded: LoadedModel | None = None,
+    ) -> None:
         self.config = config or EngineConfig()
         self.bus = bus or EventBus()
         self.loaded = loaded or load_model(self.config.model)
@@ -96,7 +101,9 @@ class Engine:
         mcfg = self.loaded.config
         self.model_config = mcfg
         self.model = DecoderModel(mcfg, self.loaded.weights, self.config.weights_dtype)
-        self.bytes_per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.config.kv_dtype)
+        self.bytes_per_token = kv_bytes_per_token(
+            mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.config.kv_dtype
+        )
         self.kv_budget_bytes = kv_budget(self.config, self.model.weight_bytes)
         page_bytes = self.bytes_per_token * self.config.page_size
         num_pages = int(self.kv_budget_bytes // page_bytes)
@@ -107,13 +114,21 @@ class Engine:
         self.num_pages = num_pages
         self.kv = KVCacheManager(num_pages, self.config.page_size, self.bus)
         self.storage = KVStorage(
-            mcfg.num_layers, num_pages, self.config.page_size, mcfg.num_kv_heads, mcfg.head_dim, self.config.kv_dtype
+            mcfg.num_layers,
+            num_pages,
+            self.config.page_size,
+            mcfg.num_kv_heads,
+            mcfg.head_dim,
+            self.config.kv_dtype,
         )
         # The offload cost model (per token, so the decision does not depend on p):
         # recompute 2P FLOPs at the device's compute vs reload the KV bytes over its host link.
         self.cost_device = device_preset(self.config.cost_device)
         self.offload_cost = reload_cost(
-            mcfg.num_params, self.bytes_per_token, self.cost_device.pcie_gbps, self.cost_device.fp16_tflops
+            mcfg.num_params,
+            self.bytes_per_token,
+            self.cost_device.pcie_gbps,
+            self.cost_device.fp16_tflops,
         )
         if self.config.offload != "never" or self.config.preemption == "swap":
             slots = max(1, int(self.config.host_budget_bytes // page_bytes))
@@ -126,7 +141,9 @@ class Engine:
                 self.kv.host,
                 should_offload=self._should_offload,
             )
-        self.runner = ModelRunner(self.model, self.storage, backend=resolve_attention_backend(self.config))
+        self.runner = ModelRunner(
+            self.model, self.storage, backend=resolve_attention_backend(self.config)
+        )
         self.runner.kernel_sink = self._on_kernel
         self.scheduler = Scheduler(self.config, self.kv)
         self.step_count = 0
@@ -145,14 +162,20 @@ class Engine:
         """Longest sequence one request may reach: the model's context and the whole KV pool."""
         return min(self.model_config.max_position, self.num_pages * self.config.page_size)
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, chat: bool = False) -> int:
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams | None = None, chat: bool = False
+    ) -> int:
         """Queue a request; returns its id. Raises ``RequestError`` (and emits a rejection) if it cannot run."""
         params = params or SamplingParams()
         rid = self._next_id
         self._next_id += 1
         try:
             if isinstance(prompt, str):
-                text = self.codec.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
+                text = (
+                    self.codec.render_chat([{"role": "user", "content": prompt}])
+                    if chat
+                    else prompt
+                )
                 ids = self.codec.encode(text)
             else:
                 ids = list(prompt)
@@ -182,11 +205,15 @@ class Engine:
             max_len=self.max_request_tokens,
         )
         if not params.greedy:
-            req.generator = torch.Generator().manual_seed(params.seed if params.seed is not None else rid)
+            req.generator = torch.Generator().manual_seed(
+                params.seed if params.seed is not None else rid
+            )
         self.requests[rid] = req
         self.scheduler.add(req)
         if self.bus.active:
-            self.bus.emit(RequestArrived(req.arrival_ns, self.step_count, rid, len(ids), params.max_tokens))
+            self.bus.emit(
+                RequestArrived(req.arrival_ns, self.step_count, rid, len(ids), params.max_tokens)
+            )
         return rid
 
     def has_unfinished(self) -> bool:
@@ -202,7 +229,11 @@ class Engine:
         emit = self.bus.active
         if emit:
             for victim, mode in batch.preempted:
-                self.bus.emit(RequestPreempted(now_ns(), self.step_count, victim.request_id, mode, len(victim.host_slots)))
+                self.bus.emit(
+                    RequestPreempted(
+                        now_ns(), self.step_count, victim.request_id, mode, len(victim.host_slots)
+                    )
+                )
             for req, mode in batch.resumed:
                 self.bus.emit(RequestResumed(now_ns(), self.step_count, req.request_id, mode))
         outputs: list[RequestOutput] = []
@@ -213,22 +244,37 @@ class Engine:
                 if req.scheduled_ns is None:
                     req.scheduled_ns = now
                     if emit:
-                        self.bus.emit(RequestScheduled(now, self.step_count, req.request_id, req.num_cached))
+                        self.bus.emit(
+                            RequestScheduled(now, self.step_count, req.request_id, req.num_cached)
+                        )
             inputs = self.runner.prepare(batch.requests, batch.num_new)
             logits = self.runner.execute(inputs)
             for req, n in zip(batch.requests, batch.num_new, strict=True):
                 if req.in_prefill:
                     prefill += n
-                    if emit and (n < len(req.prompt_ids) - req.num_computed or req.num_computed > req.num_cached):
-                        self.bus.emit(ChunkScheduled(now_ns(), self.step_count, req.request_id, req.num_computed, n))
+                    if emit and (
+                        n < len(req.prompt_ids) - req.num_computed
+                        or req.num_computed > req.num_cached
+                    ):
+                        self.bus.emit(
+                            ChunkScheduled(
+                                now_ns(), self.step_count, req.request_id, req.num_computed, n
+                            )
+                        )
                 req.num_computed += n
                 self.kv.offer(req)
             if inputs.sampling:
-                tokens = sample(logits, [r.params for r in inputs.sampling], [r.generator for r in inputs.sampling])
+                tokens = sample(
+                    logits,
+                    [r.params for r in inputs.sampling],
+                    [r.generator for r in inputs.sampling],
+                )
                 for req, tok in zip(inputs.sampling, tokens, strict=True):
                     outputs.append(self._append_token(req, tok))
         if emit:
-            self._emit_step(len(batch.requests), prefill, batch.num_tokens - prefill, time.perf_counter() - t0)
+            self._emit_step(
+                len(batch.requests), prefill, batch.num_tokens - prefill, time.perf_counter() - t0
+            )
         self.step_count += 1
         return outputs
 
@@ -239,7 +285,9 @@ class Engine:
         if req.first_token_ns is None:
             req.first_token_ns = now
             if self.bus.active:
-                self.bus.emit(FirstToken(now, self.step_count, req.request_id, (now - req.arrival_ns) / 1e9))
+                self.bus.emit(
+                    FirstToken(now, self.step_count, req.request_id, (now - req.arrival_ns) / 1e9)
+                )
         p = req.params
         reason = None
         cut = None
@@ -250,12 +298,26 @@ class Engine:
             hits = [text.find(s) for s in p.stop if s in text]
             if hits:
                 reason, cut = "stop", min(hits)
-        if reason is None and (len(req.output_ids) >= p.max_tokens or req.num_tokens >= req.max_len):
+        if reason is None and (
+            len(req.output_ids) >= p.max_tokens or req.num_tokens >= req.max_len
+        ):
             reason = "length"
         if reason is not None:
-            req.text = self.codec.decode(req.output_ids)[:cut] if cut is not None else self.codec.decode(req.output_ids)
+            req.text = (
+                self.codec.decode(req.output_ids)[:cut]
+                if cut is not None
+                else self.codec.decode(req.output_ids)
+            )
             self._finish(req, reason)
-        return RequestOutput(req.request_id, req.prompt, req.text, list(req.output_ids), req.finish_reason, req.is_finished, [token])
+        return RequestOutput(
+            req.request_id,
+            req.prompt,
+            req.text,
+            list(req.output_ids),
+            req.finish_reason,
+            req.is_finished,
+            [token],
+        )
 
     def _finish(self, req: Request, reason: str) -> None:
         req.status = Status.FINISHED
@@ -266,10 +328,22 @@ class Engine:
         if self.bus.active:
             ttft = (req.first_token_ns - req.arrival_ns) / 1e9 if req.first_token_ns else 0.0
             n = len(req.output_ids)
-            tpot = (req.finish_ns - req.first_token_ns) / 1e9 / (n - 1) if n > 1 and req.first_token_ns else 0.0
+            tpot = (
+                (req.finish_ns - req.first_token_ns) / 1e9 / (n - 1)
+                if n > 1 and req.first_token_ns
+                else 0.0
+            )
             self.bus.emit(
                 RequestFinished(
-                    req.finish_ns, self.step_count, req.request_id, len(req.prompt_ids), n, req.num_cached, reason, ttft, tpot
+                    req.finish_ns,
+                    self.step_count,
+                    req.request_id,
+                    len(req.prompt_ids),
+                    n,
+                    req.num_cached,
+                    reason,
+                    ttft,
+                    tpot,
                 )
             )
 
@@ -297,9 +371,13 @@ class Engine:
             )
         )
 
-    def _on_kernel(self, name: str, shape: str, seconds: float, flops: float, nbytes: float) -> None:
+    def _on_kernel(
+        self, name: str, shape: str, seconds: float, flops: float, nbytes: float
+    ) -> None:
         if self.bus.active:
-            self.bus.emit(KernelTiming(now_ns(), self.step_count, name, shape, seconds, flops, nbytes))
+            self.bus.emit(
+                KernelTiming(now_ns(), self.step_count, name, shape, seconds, flops, nbytes)
+            )
 
     # --- convenience ----------------------------------------------------------
 
@@ -313,8 +391,16 @@ class Engine:
         if self.scheduler.has_work():
             raise KvscopeError("score() needs an idle engine")
         if len(token_ids) > self.max_request_tokens:
-            raise RequestError(f"{len(token_ids)} tokens exceed what one request may hold ({self.max_request_tokens})")
-        req = Request(-1, list(token_ids), SamplingParams(max_tokens=1), now_ns(), max_len=self.max_request_tokens)
+            raise RequestError(
+                f"{len(token_ids)} tokens exceed what one request may hold ({self.max_request_tokens})"
+            )
+        req = Request(
+            -1,
+            list(token_ids),
+            SamplingParams(max_tokens=1),
+            now_ns(),
+            max_len=self.max_request_tokens,
+        )
         parts = []
         try:
             while req.num_computed < len(token_ids):
@@ -333,7 +419,12 @@ class Engine:
         while self.has_unfinished():
             yield from self.step()
 
-    def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams | None = None, chat: bool = False) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: list[str] | list[list[int]],
+        params: SamplingParams | None = None,
+        chat: bool = False,
+    ) -> list[RequestOutput]:
         """Run all prompts as one continuous batch; outputs in input order."""
         ids = [self.add_request(p, params, chat=chat) for p in prompts]
         final: dict[int, RequestOutput] = {}

@@ -26,7 +26,9 @@ class EngineConfig:
     eviction_policy: str = "lru"
     offload: str = "never"
     host_budget_bytes: int = 256 << 20
-    cost_device: str = "cpu"  # device preset whose compute and host link feed the offload cost model
+    cost_device: str = (
+        "cpu"  # device preset whose compute and host link feed the offload cost model
+    )
     preemption: str = "recompute"
     attention_backend: str = "auto"
     max_batched_tokens: int = 2048  # per-step token budget (chunked prefill splits longer prompts)
@@ -41,14 +43,34 @@ class EngineConfig:
             if not ok:
                 raise KvscopeError(message)
 
-        check(self.weights_dtype in WEIGHT_DTYPES, f"weights dtype must be one of {', '.join(WEIGHT_DTYPES)}")
+        check(
+            self.weights_dtype in WEIGHT_DTYPES,
+            f"weights dtype must be one of {', '.join(WEIGHT_DTYPES)}",
+        )
         check(self.page_size >= 1, f"page size must be >= 1, got {self.page_size}")
-        check(self.kv_dtype in KV_FORMATS, f"unknown KV dtype {self.kv_dtype!r}; choose one of {', '.join(KV_FORMATS)}")
-        check(self.eviction_policy in EVICTION_POLICIES, f"eviction policy must be one of {', '.join(EVICTION_POLICIES)}")
+        check(
+            self.kv_dtype in KV_FORMATS,
+            f"unknown KV dtype {self.kv_dtype!r}; choose one of {', '.join(KV_FORMATS)}",
+        )
+        check(
+            self.eviction_policy in EVICTION_POLICIES,
+            f"eviction policy must be one of {', '.join(EVICTION_POLICIES)}",
+        )
         check(self.offload in OFFLOAD_MODES, f"offload must be one of {', '.join(OFFLOAD_MODES)}")
-        check(self.preemption in PREEMPTION_MODES, f"preemption must be one of {', '.join(PREEMPTION_MODES)}")
-        check(self.attention_backend in ATTENTION_BACKENDS, f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}")
-        check(self.kv_budget_bytes is None or self.kv_budget_bytes > 0, "KV budget must be positive")
-        check(0 < self.memory_fraction <= 1, f"memory fraction must be in (0, 1], got {self.memory_fraction}")
+        check(
+            self.preemption in PREEMPTION_MODES,
+            f"preemption must be one of {', '.join(PREEMPTION_MODES)}",
+        )
+        check(
+            self.attention_backend in ATTENTION_BACKENDS,
+            f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}",
+        )
+        check(
+            self.kv_budget_bytes is None or self.kv_budget_bytes > 0, "KV budget must be positive"
+        )
+        check(
+            0 < self.memory_fraction <= 1,
+            f"memory fraction must be in (0, 1], got {self.memory_fraction}",
+        )
         check(self.max_batched_tokens >= 1, "max batched tokens must be >= 1")
         check(self.max_num_seqs >= 1, "max sequences must be >= 1")

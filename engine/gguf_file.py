@@ -38,7 +38,9 @@ def open_gguf(path: Path) -> Any:
     try:
         return GGUFReader(str(path))
     except Exception as exc:  # the reader raises ValueError/IndexError/struct errors
-        raise ModelLoadError(f"{path} is not a readable GGUF file (truncated or corrupt?): {exc}") from None
+        raise ModelLoadError(
+            f"{path} is not a readable GGUF file (truncated or corrupt?): {exc}"
+        ) from None
 
 
 def read_fields(reader: Any) -> dict[str, Any]:
@@ -82,7 +84,9 @@ def read_weights(reader: Any, config: ModelConfig) -> dict[str, torch.Tensor]:
         try:
             array = dequantize(tensor.data, tensor.tensor_type)
         except Exception as exc:
-            raise ModelLoadError(f"cannot dequantize {tensor.name} ({tensor.tensor_type.name}): {exc}") from None
+            raise ModelLoadError(
+                f"cannot dequantize {tensor.name} ({tensor.tensor_type.name}): {exc}"
+            ) from None
         name = hf_name(tensor.name)
         if name.endswith("q_proj.weight"):
             array = _unpermute_rope(array, config.num_q_heads)

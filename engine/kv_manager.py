@@ -216,7 +216,9 @@ class KVCacheManager:
                 if node.on_device:
                     counts[node.page] += 1
         for p, c in enumerate(counts):
-            assert self.pool.refcount[p] == c, f"page {p}: refcount {self.pool.refcount[p]}, holders {c}"
+            assert self.pool.refcount[p] == c, (
+                f"page {p}: refcount {self.pool.refcount[p]}, holders {c}"
+            )
         if self.host is not None:
             held = self.prefix.host_slots() if self.prefix is not None else set()
             for req in self.swapped.values():

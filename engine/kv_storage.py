@@ -28,11 +28,19 @@ class KVStorage:
     ) -> None:
         self.page_size = page_size
         self.kv_format = kv_format
-        stacked = KVPages.allocate(num_layers * num_pages, page_size, num_kv_heads, head_dim, kv_format, device)
+        stacked = KVPages.allocate(
+            num_layers * num_pages, page_size, num_kv_heads, head_dim, kv_format, device
+        )
         self.data = stacked.data.view(num_layers, num_pages, *stacked.data.shape[1:])
-        self.scales = None if stacked.scales is None else stacked.scales.view(num_layers, num_pages, *stacked.scales.shape[1:])
+        self.scales = (
+            None
+            if stacked.scales is None
+            else stacked.scales.view(num_layers, num_pages, *stacked.scales.shape[1:])
+        )
         self.layers = [
-            KVPages(self.data[i], None if self.scales is None else self.scales[i], kv_format, head_dim)
+            KVPages(
+                self.data[i], None if self.scales is None else self.scales[i], kv_format, head_dim
+            )
             for i in range(num_layers)
         ]
 

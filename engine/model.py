@@ -26,8 +26,6 @@ from engine.errors import ModelLoadError
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-
-
 class Projection:
     """One weight matrix ``[out, in]`` in its storage format; ``proj(x)`` is ``x @ W.T`` in fp32.
 
@@ -41,7 +39,9 @@ class Projection:
 
     __slots__ = ("weight", "scales", "bias", "fmt")
 
-    def __init__(self, weight: torch.Tensor, fmt: str = "fp32", bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, fmt: str = "fp32", bias: torch.Tensor | None = None
+    ) -> None:
         self.fmt = fmt
         self.bias = bias
         self.scales = None
@@ -51,10 +51,14 @@ class Projection:
             self.weight = weight.to(torch.bfloat16).contiguous()
         elif fmt == "int8":
             scales = weight.abs().amax(1).clamp(min=1e-8) / 127.0
-            self.weight = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+            self.weight = (
+                torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+            )
             self.scales = scales.to(torch.bfloat16)
         else:
-            raise ModelLoadError(f"unknown weights dtype {fmt!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
+            raise ModelLoadError(
+                f"unknown weights dtype {fmt!r}; choose one of {', '.join(WEIGHT_DTYPES)}"
+            )
 
     @property
     def nbytes(self) -> int:
@@ -86,7 +90,9 @@ class RotaryTable:
     """cos/sin tables for rotate-half RoPE (Hugging Face layout), built once."""
 
     def __init__(self, head_dim: int, theta: float, max_position: int, dtype: torch.dtype) -> None:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        )
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -111,7 +117,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class DecoderModel:
     """Weights plus a forward pass; stateless between steps (state lives in the KV cache)."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], weights_dtype: str = "fp32") -> None:
+    def __init__(
+        self, config: ModelConfig, weights: dict[str, torch.Tensor], weights_dtype: str = "fp32"
+    ) -> None:
         self.config = config
         self.weights_dtype = weights_dtype
 
@@ -133,7 +141,9 @@ class DecoderModel:
                 f"({config.vocab_size}, {config.hidden_size})"
             )
         self.norm = take("model.norm.weight")
-        self.lm_head = proj("model.embed_tokens.weight" if config.tie_embeddings else "lm_head.weight")
+        self.lm_head = proj(
+            "model.embed_tokens.weight" if config.tie_embeddings else "lm_head.weight"
+        )
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
@@ -149,7 +159,9 @@ class DecoderModel:
                     down=proj(p + "mlp.down_proj.weight"),
                 )
             )
-        self.rope = RotaryTable(config.head_dim, config.rope_theta, config.max_position, torch.float32)
+        self.rope = RotaryTable(
+            config.head_dim, config.rope_theta, config.max_position, torch.float32
+        )
 
     @property
     def weight_bytes(self) -> int:

@@ -123,7 +123,13 @@ class RadixCache:
 
     # --- inserts ---------------------------------------------------------------
 
-    def insert(self, tokens: list[int], pages: list[int], start_node: Node | None = None, start_page: int = 0) -> Node:
+    def insert(
+        self,
+        tokens: list[int],
+        pages: list[int],
+        start_node: Node | None = None,
+        start_page: int = 0,
+    ) -> Node:
         """Store the full pages of ``tokens`` (held in ``pages``); returns the deepest node.
 
         ``start_node``/``start_page`` let a running request continue where its
@@ -155,7 +161,9 @@ class RadixCache:
             child.last_access = tick
             node = child
         if stored and self.bus.active:
-            self.bus.emit(BlockStored(now_ns(), self.step, tuple(stored), len(stored) * self.page_size))
+            self.bus.emit(
+                BlockStored(now_ns(), self.step, tuple(stored), len(stored) * self.page_size)
+            )
         return node
 
     # --- eviction ----------------------------------------------------------------
@@ -254,7 +262,9 @@ class RadixCache:
         assert len(device) == len(set(device)), "a device page stored in two nodes"
         assert len(device) == self.device_pages, "device page count drifted"
         for n in nodes:
-            assert (n.page is None) != (n.host_slot is None), "node both or neither on device and host"
+            assert (n.page is None) != (n.host_slot is None), (
+                "node both or neither on device and host"
+            )
             assert len(n.key) == self.page_size
             assert n.parent.children.get(n.key) is n, "broken parent link"
             if n.on_device:

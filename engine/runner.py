@@ -97,7 +97,13 @@ class ModelRunner:
             pages = storage.layer(layer)
             pages.write(inputs.slots, k, v)
             return paged_attention(
-                q, pages.data, meta, backend=backend, kv_format=pages.kv_format, scales=pages.scales, on_kernel=sink
+                q,
+                pages.data,
+                meta,
+                backend=backend,
+                kv_format=pages.kv_format,
+                scales=pages.scales,
+                on_kernel=sink,
             )
 
         logits = self.model.forward(inputs.token_ids, inputs.positions, attend, logits_rows)

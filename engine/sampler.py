@@ -54,7 +54,9 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int]:
     """One token per row of ``logits`` [R, vocab]."""
     out = logits.argmax(-1).tolist()
     for i, p in enumerate(params):

@@ -108,7 +108,9 @@ class TextCodec:
     def from_gguf_fields(cls, fields: dict[str, Any]) -> TextCodec:
         model = fields.get("tokenizer.ggml.model")
         if model != "gpt2":
-            raise ModelLoadError(f"unsupported GGUF tokenizer model {model!r} (kvscope reads byte-level BPE 'gpt2')")
+            raise ModelLoadError(
+                f"unsupported GGUF tokenizer model {model!r} (kvscope reads byte-level BPE 'gpt2')"
+            )
         tokens = fields["tokenizer.ggml.tokens"]
         tokenizer = build_bpe_tokenizer(
             tokens,

@@ -70,8 +70,16 @@ def test_too_long_prompts_refused_others_answered(capsys):
     too_long_for_context = "word " * 9000
     too_big_for_budget = "word " * 800  # the 1 MiB budget holds 16 pages x 16 tokens
     code, out, err = run_cli(
-        capsys, "generate", "The capital of France is", too_long_for_context, too_big_for_budget,
-        "--json", "--max-tokens", "4", "--kv-budget", str(16 * 16 * 46080),
+        capsys,
+        "generate",
+        "The capital of France is",
+        too_long_for_context,
+        too_big_for_budget,
+        "--json",
+        "--max-tokens",
+        "4",
+        "--kv-budget",
+        str(16 * 16 * 46080),
     )
     assert code == 2
     errors = err.strip().splitlines()
@@ -87,7 +95,9 @@ def test_too_long_prompts_refused_others_answered(capsys):
 def test_bad_kv_budget_flag_is_one_line():
     # argparse errors go through the real executable: usage + one error line, exit 2.
     exe = shutil.which("kvscope") or f"{sys.executable} -m app.cli"
-    proc = subprocess.run([*exe.split(), "info", "--kv-budget", "lots"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [*exe.split(), "info", "--kv-budget", "lots"], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert "invalid size 'lots'" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -104,7 +114,15 @@ def test_unknown_workload_and_bad_jsonl(capsys, tmp_path):
 
 
 def test_unwritable_db(capsys, tmp_path):
-    code, _, err = run_cli(capsys, "run", "--headless", "--requests", "1", "--db", str(tmp_path / "no" / "such" / "dir" / "x.db"))
+    code, _, err = run_cli(
+        capsys,
+        "run",
+        "--headless",
+        "--requests",
+        "1",
+        "--db",
+        str(tmp_path / "no" / "such" / "dir" / "x.db"),
+    )
     assert code == 2
     assert_one_line_error(err)
     not_sqlite = tmp_path / "text.db"

@@ -25,8 +25,22 @@ PROMPTS = ["The capital of France is", "Water boils at"]
 
 def _generate(backend: str, env: dict[str, str]) -> list[list[int]]:
     proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "generate", *PROMPTS, "--max-tokens", "5", "--json", "--attention-backend", backend],
-        capture_output=True, text=True, env={**os.environ, **env}, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "generate",
+            *PROMPTS,
+            "--max-tokens",
+            "5",
+            "--json",
+            "--attention-backend",
+            backend,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line)["token_ids"] for line in proc.stdout.splitlines()]
@@ -42,7 +56,9 @@ def test_triton_backend_matches_torch():
 def test_triton_without_cuda_refuses_clearly():
     proc = subprocess.run(
         [sys.executable, "-m", "app.cli", "generate", "hi", "--attention-backend", "triton"],
-        capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (

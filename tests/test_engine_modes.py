@@ -15,7 +15,14 @@ from engine.sampler import SamplingParams
 
 pytestmark = pytest.mark.slow
 
-QUESTIONS = ["What is a KV cache?", "Why is decoding slow?", "What is paged attention?", "How big is a page?", "What is GQA?", "Why evict pages?"]
+QUESTIONS = [
+    "What is a KV cache?",
+    "Why is decoding slow?",
+    "What is paged attention?",
+    "How big is a page?",
+    "What is GQA?",
+    "Why evict pages?",
+]
 NEW = 16
 
 
@@ -29,7 +36,9 @@ def _run(make_engine, **config):
     if engine.kv.prefix is not None:
         engine.kv.prefix.bus = bus
     prompts = [
-        engine.codec.render_chat([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q}])
+        engine.codec.render_chat(
+            [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q}]
+        )
         for q in QUESTIONS
     ]
     outs = engine.generate(prompts, SamplingParams(max_tokens=NEW, ignore_eos=True))
@@ -58,7 +67,9 @@ def test_chunked_prefill_matches(make_engine, baseline):
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_forced_preemption_matches(make_engine, baseline, mode):
     # ~197-token prompts take 13 pages each: two are admitted into 27 pages, then cannot both grow.
-    tokens, kinds = _run(make_engine, prefix_cache=False, kv_budget_bytes=27 * 16 * 46080, preemption=mode)
+    tokens, kinds = _run(
+        make_engine, prefix_cache=False, kv_budget_bytes=27 * 16 * 46080, preemption=mode
+    )
     assert tokens == baseline
     assert kinds["request_preempted"] > 0 and kinds["request_resumed"] > 0
 

@@ -30,9 +30,16 @@ def _tiny(kind: str, path):
     import transformers
 
     common = dict(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     if kind == "llama":
@@ -41,7 +48,11 @@ def _tiny(kind: str, path):
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
         with torch.no_grad():  # make the q/k/v biases matter
             for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                for proj in (
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                ):
                     proj.bias.normal_(0, 0.5)
     model.eval()
     model.save_pretrained(path, safe_serialization=True)

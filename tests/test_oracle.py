@@ -72,8 +72,12 @@ def test_generate_end_to_end_matches(make_engine, oracle):
     [out] = engine.generate([PLAIN[2]], SamplingParams(max_tokens=24, ignore_eos=True))
     prompt_ids = engine.requests[out.request_id].prompt_ids
     ref = oracle.generate(
-        torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-        max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=2,
+        torch.tensor([prompt_ids]),
+        attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+        max_new_tokens=24,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=2,
     )
     assert out.token_ids == ref[0, len(prompt_ids) :].tolist()
 

@@ -10,7 +10,9 @@ from engine.page_pool import OutOfPages, PagePool
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["alloc", "share", "free"]), st.integers(0, 7)), max_size=80))
+@given(
+    st.lists(st.tuples(st.sampled_from(["alloc", "share", "free"]), st.integers(0, 7)), max_size=80)
+)
 def test_pool_accounting(ops):
     pool = PagePool(16, 4)
     holders: list[list[int]] = []

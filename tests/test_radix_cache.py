@@ -36,7 +36,9 @@ class CacheMachine(RuleBasedStateMachine):
         self.events = []
         bus = EventBus()
         bus.subscribe(self.events.append)
-        self.cache = RadixCache(self.pool, bus, LRU(), self.host, should_offload=lambda: self.offload)
+        self.cache = RadixCache(
+            self.pool, bus, LRU(), self.host, should_offload=lambda: self.offload
+        )
         self.holders: list[tuple[list[int], list[int]]] = []  # (tokens, pages)
 
     @rule(stem=stems, tail=tails)

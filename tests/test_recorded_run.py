@@ -32,12 +32,21 @@ def test_counters_match_engine(recorded):
     engine, kinds, db, run_id, summary = recorded
     finished = [r for r in engine.requests.values() if r.is_finished]
     assert summary.requests == summary.requests_finished == len(finished) == 12
-    assert summary.output_tokens == sum(len(r.output_ids) for r in finished) == engine.total_output_tokens
+    assert (
+        summary.output_tokens
+        == sum(len(r.output_ids) for r in finished)
+        == engine.total_output_tokens
+    )
     assert summary.prefix_hit_tokens == engine.kv.prefix_hit_tokens > 0
     assert summary.prefix_queried_tokens == engine.kv.prefix_queried_tokens
     assert summary.evicted_pages == kinds["page_evicted"] > 0
     assert summary.offloaded_pages == kinds["page_offloaded"]
-    assert summary.preemptions == sum(r.num_preemptions for r in finished) == kinds["request_preempted"] > 0
+    assert (
+        summary.preemptions
+        == sum(r.num_preemptions for r in finished)
+        == kinds["request_preempted"]
+        > 0
+    )
     assert summary.steps == engine.step_count
     assert summary.dropped_events == 0
 

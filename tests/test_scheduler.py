@@ -25,11 +25,15 @@ BYTES_PER_PAGE = 2 * 2 * 8 * 2 * 4  # K+V x kv_heads x head_dim x layers x fp32,
 
 
 def tiny_engine(pages: int, page_size: int = 4, bus: EventBus | None = None, **kw) -> Engine:
-    config = EngineConfig(kv_budget_bytes=pages * page_size * BYTES_PER_PAGE, page_size=page_size, **kw)
+    config = EngineConfig(
+        kv_budget_bytes=pages * page_size * BYTES_PER_PAGE, page_size=page_size, **kw
+    )
     return Engine(config, bus=bus, loaded=TINY)
 
 
-def run_all(engine: Engine, arrivals: list[tuple[int, list[int], int]], check=True) -> dict[int, list[int]]:
+def run_all(
+    engine: Engine, arrivals: list[tuple[int, list[int], int]], check=True
+) -> dict[int, list[int]]:
     """Add requests at their arrival steps; step to the end, checking invariants."""
     pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
     outputs: dict[int, list[int]] = {}
@@ -64,7 +68,14 @@ prompts = st.lists(st.integers(1, 63), min_size=1, max_size=30)
 def test_invariants_under_random_load(arrivals, page_size, prefix, preemption, budget_tokens):
     longest = max(len(p) + n for _, p, n in arrivals)
     pages = max(budget_tokens // page_size, -(-longest // page_size) + 1)
-    engine = tiny_engine(pages, page_size, prefix_cache=prefix, preemption=preemption, offload="always" if prefix else "never", max_batched_tokens=16)
+    engine = tiny_engine(
+        pages,
+        page_size,
+        prefix_cache=prefix,
+        preemption=preemption,
+        offload="always" if prefix else "never",
+        max_batched_tokens=16,
+    )
     outputs = run_all(engine, arrivals)
     assert sorted(outputs) == list(range(len(arrivals)))
     assert all(len(outputs[i]) == n for i, (_, _, n) in enumerate(arrivals))
@@ -76,7 +87,14 @@ def test_invariants_under_random_load(arrivals, page_size, prefix, preemption, b
 def _workload(seed: int) -> list[tuple[int, list[int], int]]:
     rng = random.Random(seed)
     stem = [rng.randint(1, 63) for _ in range(13)]
-    return [(rng.randint(0, 6), stem + [rng.randint(1, 63) for _ in range(rng.randint(1, 9))], rng.randint(4, 14)) for _ in range(8)]
+    return [
+        (
+            rng.randint(0, 6),
+            stem + [rng.randint(1, 63) for _ in range(rng.randint(1, 9))],
+            rng.randint(4, 14),
+        )
+        for _ in range(8)
+    ]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

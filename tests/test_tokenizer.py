@@ -28,7 +28,9 @@ def hf_tokenizer():
 
 def test_encode_matches_transformers(loaded, hf_tokenizer):
     for text in TEXTS:
-        assert loaded.codec.encode(text) == hf_tokenizer.encode(text, add_special_tokens=False), text
+        assert loaded.codec.encode(text) == hf_tokenizer.encode(text, add_special_tokens=False), (
+            text
+        )
         assert loaded.codec.decode(loaded.codec.encode(text), skip_special=False) == text
 
 
@@ -39,7 +41,10 @@ def test_digits_split_one_by_one(loaded):
 
 
 def test_chat_template_matches_transformers(loaded, hf_tokenizer):
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a KV cache?"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is a KV cache?"},
+    ]
     ours = loaded.codec.render_chat(messages)
     theirs = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert ours == theirs

@@ -11,16 +11,30 @@ from engine.errors import RequestError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate text for one or more prompts (one continuous batch)", description=__doc__)
+    p = sub.add_parser(
+        "generate",
+        help="generate text for one or more prompts (one continuous batch)",
+        description=__doc__,
+    )
     p.add_argument("prompts", nargs="+", metavar="PROMPT")
-    p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the model's chat template")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap each prompt as a user message in the model's chat template",
+    )
     p.add_argument("--max-tokens", type=int, default=64, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument(
+        "--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)"
+    )
     p.add_argument("--top-p", type=float, default=1.0, metavar="P")
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off")
     p.add_argument("--seed", type=int, metavar="S")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
-    p.add_argument("--json", action="store_true", help="one JSON object per prompt per line, in input order")
+    p.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per prompt per line, in input order"
+    )
     add_engine_options(p)
     p.set_defaults(handler=run)
 
@@ -54,7 +68,16 @@ def run(args: argparse.Namespace) -> int:
             continue
         out = done[rid]
         if args.json:
-            print(json.dumps({"prompt": prompt, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}))
+            print(
+                json.dumps(
+                    {
+                        "prompt": prompt,
+                        "text": out.text,
+                        "token_ids": out.token_ids,
+                        "finish_reason": out.finish_reason,
+                    }
+                )
+            )
         else:
             if len(args.prompts) > 1:
                 print(f"--- {prompt}")

@@ -9,7 +9,11 @@ from app.engine_options import add_engine_options, engine_config_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("info", help="model shape, weight bytes, KV bytes per token, pages and tokens in the budget", description=__doc__)
+    p = sub.add_parser(
+        "info",
+        help="model shape, weight bytes, KV bytes per token, pages and tokens in the budget",
+        description=__doc__,
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_engine_options(p)
     p.set_defaults(handler=run)
@@ -44,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     width = max(map(len, info))
     for key, value in info.items():
-        shown = f"{value:,}" if isinstance(value, int) else (f"{value:,.1f}" if isinstance(value, float) else value)
+        shown = (
+            f"{value:,}"
+            if isinstance(value, int)
+            else (f"{value:,.1f}" if isinstance(value, float) else value)
+        )
         print(f"{key:<{width}}  {shown}")
     return 0

@@ -21,15 +21,52 @@ RUN_KV_BUDGET = "24MiB"  # small on purpose: prefix hits, eviction and preemptio
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run a workload through the engine, record it, show it live (the main job)", description=__doc__)
-    p.add_argument("--workload", default="chat", metavar="NAME|FILE.jsonl", help=f"one of {', '.join(BUILTIN)}, or a JSONL file (see app/workloads.py) (default chat)")
-    p.add_argument("--requests", type=int, default=24, metavar="N", help="requests in a built-in workload (default 24)")
-    p.add_argument("--rate", type=float, default=4.0, metavar="R", help="Poisson arrival rate of built-in workloads, requests/s (default 4)")
+    p = sub.add_parser(
+        "run",
+        help="run a workload through the engine, record it, show it live (the main job)",
+        description=__doc__,
+    )
+    p.add_argument(
+        "--workload",
+        default="chat",
+        metavar="NAME|FILE.jsonl",
+        help=f"one of {', '.join(BUILTIN)}, or a JSONL file (see app/workloads.py) (default chat)",
+    )
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=24,
+        metavar="N",
+        help="requests in a built-in workload (default 24)",
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=4.0,
+        metavar="R",
+        help="Poisson arrival rate of built-in workloads, requests/s (default 4)",
+    )
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument("--db", default=None, metavar="PATH", help="SQLite database to record into (default ./kvscope.db)")
-    p.add_argument("--headless", action="store_true", help="no terminal UI: a progress line and a summary table")
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON object (last line)")
-    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT while running")
+    p.add_argument(
+        "--db",
+        default=None,
+        metavar="PATH",
+        help="SQLite database to record into (default ./kvscope.db)",
+    )
+    p.add_argument(
+        "--headless",
+        action="store_true",
+        help="no terminal UI: a progress line and a summary table",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the summary as one JSON object (last line)"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on 127.0.0.1:PORT while running",
+    )
     p.add_argument("--metrics-host", default="127.0.0.1", help=argparse.SUPPRESS)
     add_engine_options(p, kv_budget=RUN_KV_BUDGET, offload="auto")
     p.set_defaults(handler=run)
@@ -66,7 +103,10 @@ def _summary_table(summary: dict) -> str:
         ("requests finished", f"{summary['requests_finished']} / {summary['requests']}"),
         ("output tokens", summary["output_tokens"]),
         ("tokens/s", _fmt(summary["tokens_per_s"], ".1f")),
-        ("TTFT p50 / p99", f"{_fmt(summary['ttft_p50_s'], '.3f')} s / {_fmt(summary['ttft_p99_s'], '.3f')} s"),
+        (
+            "TTFT p50 / p99",
+            f"{_fmt(summary['ttft_p50_s'], '.3f')} s / {_fmt(summary['ttft_p99_s'], '.3f')} s",
+        ),
         ("prefix hit rate", _fmt(summary["prefix_hit_rate"], ".1%")),
         ("prefix hit tokens", summary["prefix_hit_tokens"]),
         ("evicted pages", summary["evicted_pages"]),
@@ -128,7 +168,9 @@ def run(args: argparse.Namespace) -> int:
             for close in extras:
                 close()
             unsubscribe()
-            recorder.finish("interrupted" if sys.exc_info()[0] in (None, KeyboardInterrupt) else "failed")
+            recorder.finish(
+                "interrupted" if sys.exc_info()[0] in (None, KeyboardInterrupt) else "failed"
+            )
     summary = dataclasses.asdict(recorder.summary)
     summary["db"] = db_path
     if args.json:
@@ -152,6 +194,8 @@ def _start_extras(args: argparse.Namespace, engine, recorder) -> list:
 
         metrics = LiveMetrics(start_ns=recorder.start_ns)
         closers.append(engine.bus.subscribe(metrics.on_event))
-        server = MetricsServer(metrics, args.metrics_port, args.metrics_host, model=engine.model_config.name)
+        server = MetricsServer(
+            metrics, args.metrics_port, args.metrics_host, model=engine.model_config.name
+        )
         closers.append(server.close)
     return closers

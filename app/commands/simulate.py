@@ -73,7 +73,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE", help="write charts to FILE.html or FILE.png")
-    parser.add_argument("--db", metavar="PATH", help="also record each allocator as a run of kind 'simulation' in this kvscope database")
+    parser.add_argument(
+        "--db",
+        metavar="PATH",
+        help="also record each allocator as a run of kind 'simulation' in this kvscope database",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -218,7 +222,11 @@ def run(args: argparse.Namespace) -> int:
     if args.db:
         from app.sim_record import record_simulation
 
-        config = {k: v for k, v in vars(args).items() if k not in ("handler", "db", "plot", "json") and not callable(v)}
+        config = {
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("handler", "db", "plot", "json") and not callable(v)
+        }
         run_ids = record_simulation(args.db, results, config, args.step_ms / 1000, args.page_size)
         if not args.json:
             print(f"recorded runs {', '.join(map(str, run_ids))} in {args.db}")
