@@ -57,3 +57,33 @@ def oracle(loaded):
     )
     model.eval()
     return model
+
+
+@pytest.fixture(scope="session")
+def synthetic_db(tmp_path_factory):
+    """(db path, run id, SyntheticRun): a recorded run with known contents, with
+    offload, preemptions and GPU samples (dashboard and report tests)."""
+    from app.dashboard.screenshots import DEMO_CONFIG
+    from profiler.synthetic import record_synthetic
+
+    path = tmp_path_factory.mktemp("synthetic") / "known.db"
+    run_id, run = record_synthetic(
+        path, DEMO_CONFIG, num_requests=60, num_pages=48, gpu=True, offload=True, seed=3
+    )
+    return path, run_id, run
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium per test module (Playwright's sync API allows one at a time);
+    skipped, with the reason, only where Debian's chromium is absent."""
+    from app.dashboard.screenshots import CHROMIUM, launch
+
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is absent (apt-get install chromium; .ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = launch(playwright)
+        yield browser
+        browser.close()

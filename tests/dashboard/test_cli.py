@@ -24,12 +24,12 @@ def test_default_database_from_the_environment(tmp_path, monkeypatch, capsys):
     assert "no database at" in _error_line(capsys)
 
 
-def test_port_in_use(recorded, capsys):
+def test_port_in_use(synthetic_db, capsys):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert main(["dash", str(recorded[0]), "--port", str(port)]) == 2
+        assert main(["dash", str(synthetic_db[0]), "--port", str(port)]) == 2
     assert _error_line(capsys) == (
         f"kvscope: error: port {port} on 127.0.0.1 is in use; choose another with --port"
     )

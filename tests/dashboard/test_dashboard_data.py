@@ -16,8 +16,8 @@ from engine.presets import device_preset
 from profiler.recorder import to_batch
 
 
-def test_cached_sources_split_hits_and_reloads(recorded):
-    path, run_id, run = recorded
+def test_cached_sources_split_hits_and_reloads(synthetic_db):
+    path, run_id, run = synthetic_db
     with data.reader(path) as db:
         points = step_series(db, run_id, 40)
         sources = data.cached_sources(db, run_id, points)
@@ -26,8 +26,8 @@ def test_cached_sources_split_hits_and_reloads(recorded):
     assert sources.t_s == [p.t_s for p in points]
 
 
-def test_event_counts_sum_to_the_true_counts(recorded):
-    path, run_id, run = recorded
+def test_event_counts_sum_to_the_true_counts(synthetic_db):
+    path, run_id, run = synthetic_db
     with data.reader(path) as db:
         counts = data.event_counts(db, run_id, max_points=25)
     assert len(counts.t_s) <= 25
@@ -38,8 +38,8 @@ def test_event_counts_sum_to_the_true_counts(recorded):
     assert all(0 < t < counts.bucket_s * 26 for t in counts.t_s)
 
 
-def test_transfer_costs_measured_and_predicted(recorded):
-    path, run_id, run = recorded
+def test_transfer_costs_measured_and_predicted(synthetic_db):
+    path, run_id, run = synthetic_db
     with data.reader(path) as db:
         costs = {c.action: c for c in data.transfer_costs(db, run_info(db, run_id))}
     # The synthetic engine charges 2e-5 s per offload, 3e-5 s per reload and
@@ -57,8 +57,8 @@ def test_transfer_costs_measured_and_predicted(recorded):
     )
 
 
-def test_device_peaks_prefer_the_measured_gpu(recorded):
-    path, run_id, _ = recorded
+def test_device_peaks_prefer_the_measured_gpu(synthetic_db):
+    path, run_id, _ = synthetic_db
     with data.reader(path) as db:
         info = run_info(db, run_id)
     preset = data.device_peaks(info)
@@ -68,8 +68,8 @@ def test_device_peaks_prefer_the_measured_gpu(recorded):
     assert (gpu.tflops, gpu.gbps, gpu.source) == (989.0, 3350.0, "H100")
 
 
-def test_request_trace_follows_the_request_events(recorded):
-    path, run_id, run = recorded
+def test_request_trace_follows_the_request_events(synthetic_db):
+    path, run_id, run = synthetic_db
     preempted = next(e.request_id for e in run.events if e.kind == "request_preempted")
     held, expected = 0, []
     for e in run.events:
@@ -90,8 +90,8 @@ def test_request_trace_follows_the_request_events(recorded):
     assert trace.pages_t_s == sorted(trace.pages_t_s)
 
 
-def test_request_trace_of_an_unknown_request(recorded):
-    path, run_id, _ = recorded
+def test_request_trace_of_an_unknown_request(synthetic_db):
+    path, run_id, _ = synthetic_db
     with data.reader(path) as db, pytest.raises(KvscopeError, match="no request 9999"):
         data.request_trace(db, run_id, 9999)
 
@@ -119,11 +119,11 @@ def test_request_records_filter_and_sort():
     assert data.request_record(rows[1])["id"] == 1  # the row id DataTable selects by
 
 
-def test_version_changes_when_a_writer_appends(recorded, tmp_path):
+def test_version_changes_when_a_writer_appends(synthetic_db, tmp_path):
     path = tmp_path / "copy.db"
-    with data.reader(recorded[0]) as source:
+    with data.reader(synthetic_db[0]) as source:
         source.conn.execute("VACUUM INTO ?", (str(path),))
-    run_id = recorded[1]
+    run_id = synthetic_db[1]
     with data.reader(path) as db:
         before = data.version(db, run_id)
         assert data.version(db, run_id) == before
@@ -136,8 +136,8 @@ def test_version_changes_when_a_writer_appends(recorded, tmp_path):
         assert any(r.request_id == 777 for r in requests_table(db, run_id))
 
 
-def test_choose_run(recorded, tmp_path):
-    path, run_id, _ = recorded
+def test_choose_run(synthetic_db, tmp_path):
+    path, run_id, _ = synthetic_db
     with data.reader(path) as db:
         assert data.choose_run(db, None) == run_id
         assert data.choose_run(db, run_id) == run_id
@@ -151,8 +151,8 @@ def test_choose_run(recorded, tmp_path):
             pass
 
 
-def test_raw_rows_stream_every_row(recorded):
-    path, run_id, run = recorded
+def test_raw_rows_stream_every_row(synthetic_db):
+    path, run_id, run = synthetic_db
     with data.reader(path) as db:
         columns, rows = data.raw_rows(db, run_id, "kernels")
         rows = list(rows)

@@ -19,8 +19,8 @@ from engine.events import KernelTiming, RequestPreempted
 
 
 @pytest.fixture(scope="module")
-def db(recorded):
-    with data.reader(recorded[0]) as db:
+def db(synthetic_db):
+    with data.reader(synthetic_db[0]) as db:
         yield db
 
 
@@ -32,8 +32,8 @@ def _annotations(fig) -> list[str]:
     return [a.text for a in fig.layout.annotations]
 
 
-def test_summary_tiles_show_the_true_counts(db, recorded):
-    _, run_id, run = recorded
+def test_summary_tiles_show_the_true_counts(db, synthetic_db):
+    _, run_id, run = synthetic_db
     tiles = {t.label: t for t in figures.summary_tiles(run_summary(db, run_id))}
     truth = run.truth
     assert tiles["evictions"].value == str(truth.evicted_pages)
@@ -47,8 +47,8 @@ def test_summary_tiles_show_the_true_counts(db, recorded):
     assert tiles["output tokens/s"].detail.startswith(f"{truth.output_tokens} tokens")
 
 
-def test_time_series_figures_plot_the_step_series(db, recorded):
-    _, run_id, _ = recorded
+def test_time_series_figures_plot_the_step_series(db, synthetic_db):
+    _, run_id, _ = synthetic_db
     points = step_series(db, run_id, 50)
     throughput = figures.throughput_figure(points)
     assert list(_trace(throughput, "decode").y) == [p.decode_tokens_per_s for p in points]
@@ -62,8 +62,8 @@ def test_time_series_figures_plot_the_step_series(db, recorded):
     assert list(_trace(queues, "waiting").y) == [p.waiting for p in points]
 
 
-def test_hit_rate_figure_per_bucket_and_since_start(db, recorded):
-    _, run_id, run = recorded
+def test_hit_rate_figure_per_bucket_and_since_start(db, synthetic_db):
+    _, run_id, run = synthetic_db
     points = step_series(db, run_id, 30)
     fig = figures.hit_rate_figure(points)
     per_bucket = list(_trace(fig, "hit rate").y)
@@ -74,8 +74,8 @@ def test_hit_rate_figure_per_bucket_and_since_start(db, recorded):
     )
 
 
-def test_page_heatmap_colours_each_page_by_its_state(db, recorded):
-    _, run_id, run = recorded
+def test_page_heatmap_colours_each_page_by_its_state(db, synthetic_db):
+    _, run_id, run = synthetic_db
     matrix = page_maps(db, run_id)
     fig = figures.page_heatmap(matrix)
     heat = fig.data[0]
@@ -94,8 +94,8 @@ def test_page_heatmap_colours_each_page_by_its_state(db, recorded):
     assert list(heat.x) == matrix.steps
 
 
-def test_page_heatmap_with_a_page_stride(db, recorded):
-    _, run_id, _ = recorded
+def test_page_heatmap_with_a_page_stride(db, synthetic_db):
+    _, run_id, _ = synthetic_db
     matrix = page_maps(db, run_id, max_snapshots=10, max_pages=16)
     fig = figures.page_heatmap(matrix)
     assert matrix.page_stride == 3
@@ -103,8 +103,8 @@ def test_page_heatmap_with_a_page_stride(db, recorded):
     assert "every 3th page" in fig.layout.title.text
 
 
-def test_kernel_figures(db, recorded):
-    _, run_id, run = recorded
+def test_kernel_figures(db, synthetic_db):
+    _, run_id, run = synthetic_db
     stats = kernel_stats(db, run_id)
     seconds: dict[str, float] = {}
     for e in run.events:
@@ -124,8 +124,8 @@ def test_kernel_figures(db, recorded):
     assert "device peaks unknown: no roof drawn" in _annotations(no_roof)
 
 
-def test_eviction_figures(db, recorded):
-    _, run_id, run = recorded
+def test_eviction_figures(db, synthetic_db):
+    _, run_id, run = synthetic_db
     counts = data.event_counts(db, run_id)
     fig = figures.event_counts_figure(counts)
     assert sum(_trace(fig, "offloaded").y) == run.truth.offloaded_pages
@@ -139,8 +139,8 @@ def test_eviction_figures(db, recorded):
     assert cost_fig.layout.yaxis.type == "log"
 
 
-def test_gpu_figure_and_its_absence(db, recorded):
-    _, run_id, run = recorded
+def test_gpu_figure_and_its_absence(db, synthetic_db):
+    _, run_id, run = synthetic_db
     points = gpu_series(db, run_id, 20)
     fig = figures.gpu_figure(points)
     assert list(_trace(fig, "GPU 0 power").y) == [p.power_w for p in points]
@@ -148,8 +148,8 @@ def test_gpu_figure_and_its_absence(db, recorded):
     assert "no GPU in this run" in _annotations(figures.gpu_figure([]))
 
 
-def test_request_figure(db, recorded):
-    _, run_id, run = recorded
+def test_request_figure(db, synthetic_db):
+    _, run_id, run = synthetic_db
     rid = next(e.request_id for e in run.events if isinstance(e, RequestPreempted))
     trace = data.request_trace(db, run_id, rid)
     fig = figures.request_figure(trace)
@@ -159,8 +159,8 @@ def test_request_figure(db, recorded):
     assert "choose a request in the table" in _annotations(figures.request_figure(None))
 
 
-def test_compare_figures_and_table(db, recorded, tmp_path):
-    _, run_id, _ = recorded
+def test_compare_figures_and_table(db, synthetic_db, tmp_path):
+    _, run_id, _ = synthetic_db
     comparison = compare_runs(db, [run_id, run_id])
     rows = figures.summary_table(["#a", "#b"], comparison.summaries)
     by_metric = {r["metric"]: r for r in rows}

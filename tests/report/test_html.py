@@ -8,8 +8,8 @@ from app.cli import main
 
 
 @pytest.fixture(scope="module")
-def html_report(report_db, tmp_path_factory):
-    path, run_id, _ = report_db
+def html_report(synthetic_db, tmp_path_factory):
+    path, run_id, _ = synthetic_db
     out = tmp_path_factory.mktemp("html") / "report.html"
     assert main(["report", str(path), "-o", str(out)]) == 0
     return out
@@ -21,8 +21,8 @@ def test_the_file_references_nothing_outside_itself(html_report):
 
 
 @pytest.mark.browser
-def test_opens_offline_and_draws_every_chart(browser, html_report, report_db):
-    _, run_id, run = report_db
+def test_opens_offline_and_draws_every_chart(browser, html_report, synthetic_db):
+    _, run_id, run = synthetic_db
     context = browser.new_context(offline=True)
     requests: list[str] = []
     context.route("**/*", lambda route: requests.append(route.request.url) or route.continue_())
@@ -51,8 +51,8 @@ def test_opens_offline_and_draws_every_chart(browser, html_report, report_db):
     context.close()
 
 
-def test_unknown_run_and_missing_database_are_one_line(report_db, tmp_path, capsys):
-    path, _, _ = report_db
+def test_unknown_run_and_missing_database_are_one_line(synthetic_db, tmp_path, capsys):
+    path, _, _ = synthetic_db
     assert main(["report", str(path), "--run", "999"]) == 2
     assert capsys.readouterr().err.strip() == "kvscope: error: no run 999 in this database"
     assert main(["report", str(tmp_path / "none.db")]) == 2

@@ -8,8 +8,8 @@ import json
 from app.cli import main
 
 
-def test_csv_directory_has_one_file_per_table(report_db, tmp_path, capsys):
-    path, run_id, run = report_db
+def test_csv_directory_has_one_file_per_table(synthetic_db, tmp_path, capsys):
+    path, run_id, run = synthetic_db
     out = tmp_path / "csv"
     assert main(["report", str(path), "--format", "csv", "-o", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out)
@@ -34,8 +34,8 @@ def test_csv_directory_has_one_file_per_table(report_db, tmp_path, capsys):
         assert len(list(csv.DictReader(f))) == run.truth.requests
 
 
-def test_json_document_holds_every_table(report_db, tmp_path):
-    path, run_id, run = report_db
+def test_json_document_holds_every_table(synthetic_db, tmp_path):
+    path, run_id, run = synthetic_db
     out = tmp_path / "run.json"
     assert (
         main(["report", str(path), "--run", str(run_id), "--format", "json", "-o", str(out)]) == 0
@@ -53,8 +53,8 @@ def test_json_document_holds_every_table(report_db, tmp_path):
     assert len(tables["gpu_samples"]) == run.truth.steps
 
 
-def test_default_output_name(report_db, tmp_path, monkeypatch):
-    path, run_id, _ = report_db
+def test_default_output_name(synthetic_db, tmp_path, monkeypatch):
+    path, run_id, _ = synthetic_db
     monkeypatch.chdir(tmp_path)
     assert main(["report", str(path), "--format", "json"]) == 0
     assert (tmp_path / f"kvscope-run{run_id}.json").exists()

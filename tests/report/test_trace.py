@@ -13,8 +13,8 @@ from engine.events import KernelTiming, RequestArrived, RequestPreempted
 
 
 @pytest.fixture(scope="module")
-def trace(report_db, tmp_path_factory):
-    path, run_id, _ = report_db
+def trace(synthetic_db, tmp_path_factory):
+    path, run_id, _ = synthetic_db
     out = tmp_path_factory.mktemp("trace") / "run.trace.json"
     assert (
         main(["report", str(path), "--run", str(run_id), "--format", "trace", "-o", str(out)]) == 0
@@ -50,8 +50,8 @@ def test_events_are_in_time_order_after_metadata(trace):
     assert stamps == sorted(stamps)
 
 
-def test_kernel_slices_match_the_recorded_kernels(trace, report_db):
-    _, _, run = report_db
+def test_kernel_slices_match_the_recorded_kernels(trace, synthetic_db):
+    _, _, run = synthetic_db
     kernels = [e for e in _timed(trace) if e["pid"] == KERNELS_PID]
     truth = [e for e in run.events if isinstance(e, KernelTiming)]
     assert len(kernels) == len(truth)
@@ -70,8 +70,8 @@ def test_kernel_slices_match_the_recorded_kernels(trace, report_db):
     assert {"kernels", *run.truth.kernel_calls} == tracks
 
 
-def test_request_slices_nest_their_phases(trace, report_db):
-    _, _, run = report_db
+def test_request_slices_nest_their_phases(trace, synthetic_db):
+    _, _, run = synthetic_db
     slices = [e for e in _timed(trace) if e["pid"] == REQUESTS_PID and e["ph"] == "X"]
     requests = {e["tid"]: e for e in slices if e["name"].startswith("request ")}
     assert len(requests) == sum(isinstance(e, RequestArrived) for e in run.events)
