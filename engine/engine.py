@@ -349,6 +349,7 @@ class Engine:
 
     def _emit_step(self, batch_size: int, prefill: int, decode: int, seconds: float) -> None:
         pool = self.kv.pool
+        tokens_held, pages_cached = self.kv.occupancy()
         if self.step_count % self.config.page_map_every == 0:
             self.kv.emit_page_map()
         self.bus.emit(
@@ -362,10 +363,10 @@ class Engine:
                 waiting=len(self.scheduler.waiting),
                 pages_total=pool.num_pages,
                 pages_used=pool.num_used,
-                pages_cached=self.kv.pages_cached,
+                pages_cached=pages_cached,
                 pages_free=pool.num_free,
                 page_size=pool.page_size,
-                tokens_held=self.kv.tokens_held,
+                tokens_held=tokens_held,
                 host_pages_used=self.kv.host_pages_used,
                 duration_s=seconds,
             )

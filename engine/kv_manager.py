@@ -162,26 +162,22 @@ class KVCacheManager:
 
     # --- introspection -----------------------------------------------------------------
 
-    @property
-    def tokens_held(self) -> int:
-        """Tokens physically stored in device pages (a shared page counts once)."""
-        ps = self.page_size
-        fill: dict[int, int] = {}
-        for req in self.holders.values():
-            for i, page in enumerate(req.pages):
-                n = min(ps, req.num_computed - i * ps)
-                if n > fill.get(page, 0):
-                    fill[page] = n
-        if self.prefix is not None:
-            for node in self.prefix.nodes():
-                if node.on_device:
-                    fill[node.page] = ps
-        return sum(fill.values())
+    def occupancy(self) -> tuple[int, int]:
+        """(tokens stored in device pages, pages only the prefix cache holds), for step summaries.
 
-    @property
-    def pages_cached(self) -> int:
-        """Pages only the prefix cache holds (unreferenced, evictable)."""
-        return len(self.prefix.cached_only_pages()) if self.prefix is not None else 0
+        One pass over the running requests, none over pages or the radix tree:
+        only full pages are ever shared or cached, so every used page is full
+        except each request's own last page (``check_integrity`` verifies this
+        against a page-by-page count).
+        """
+        ps = self.page_size
+        request_pages: set[int] = set()
+        empty_slots = 0
+        for req in self.holders.values():
+            request_pages.update(req.pages)
+            empty_slots += len(req.pages) * ps - req.num_computed
+        used = self.pool.num_used
+        return used * ps - empty_slots, used - len(request_pages)
 
     @property
     def host_pages_used(self) -> int:
