@@ -1,13 +1,16 @@
 """Eviction policies: which unreferenced cached page goes first.
 
-Each policy is one small class with one method, ``priority(node)``; the cache
-evicts the evictable node with the smallest priority (SGLang's
-evict_policy.py shape).
+Each policy is one small class behind one method, ``priority(node)``; the
+prefix cache keeps its evictable leaves in a heap keyed by that priority and
+evicts the smallest first (SGLang's evict_policy.py shape). A priority may
+only change when the cache touches the node (a match or an insert), so the
+cache can re-key the heap right there instead of re-sorting on every pass.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from abc import ABC, abstractmethod
+from typing import ClassVar, Protocol
 
 
 class CacheNode(Protocol):
@@ -16,7 +19,16 @@ class CacheNode(Protocol):
     created: int
 
 
-class LRU:
+class EvictionPolicy(ABC):
+    """Orders evictable nodes: the smallest ``priority`` is evicted first."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def priority(self, node: CacheNode) -> tuple[int, ...]: ...
+
+
+class LRU(EvictionPolicy):
     """Least recently used: oldest last access first."""
 
     name = "lru"
@@ -25,7 +37,7 @@ class LRU:
         return (node.last_access,)
 
 
-class LFU:
+class LFU(EvictionPolicy):
     """Least frequently used: fewest hits first, ties by recency."""
 
     name = "lfu"
@@ -34,7 +46,7 @@ class LFU:
         return (node.hits, node.last_access)
 
 
-class FIFO:
+class FIFO(EvictionPolicy):
     """First in, first out: oldest insertion first, whatever its use."""
 
     name = "fifo"
@@ -43,8 +55,8 @@ class FIFO:
         return (node.created,)
 
 
-POLICIES = {cls.name: cls for cls in (LRU, LFU, FIFO)}
+POLICIES: dict[str, type[EvictionPolicy]] = {cls.name: cls for cls in (LRU, LFU, FIFO)}
 
 
-def make_policy(name: str) -> LRU | LFU | FIFO:
+def make_policy(name: str) -> EvictionPolicy:
     return POLICIES[name]()

@@ -23,7 +23,7 @@ from engine.events import (
 )
 from engine.host_tier import HostTier
 from engine.page_pool import PagePool
-from engine.radix_cache import RadixCache
+from engine.prefix_cache import PrefixCache
 from engine.request import Request
 
 
@@ -34,7 +34,7 @@ class KVCacheManager:
         self.bus = bus
         self.step = 0
         self.holders: dict[int, Request] = {}
-        self.prefix: RadixCache | None = None
+        self.prefix: PrefixCache | None = None
         self.host: HostTier | None = None
         self.swapped: dict[int, Request] = {}
         # Prefix-cache accounting in tokens, counted once per admission (hit rate = hit / queried).
@@ -79,7 +79,10 @@ class KVCacheManager:
             return
         pages = req.pages
         req.pages = []
-        self.pool.decref(pages)
+        if self.prefix is not None:
+            self.prefix.release(pages)  # the cache's unlock: its evictable set stays exact
+        else:
+            self.pool.decref(pages)
         self.holders.pop(req.request_id, None)
         if self.bus.active:
             self.bus.emit(PagesFreed(now_ns(), self.step, req.request_id, tuple(pages)))
@@ -165,31 +168,31 @@ class KVCacheManager:
     def occupancy(self) -> tuple[int, int]:
         """(tokens stored in device pages, pages only the prefix cache holds), for step summaries.
 
-        One pass over the running requests, none over pages or the radix tree:
-        only full pages are ever shared or cached, so every used page is full
-        except each request's own last page (``check_integrity`` verifies this
-        against a page-by-page count).
+        O(running requests), nothing per page or per tree node: only full pages
+        are ever shared or cached, so every used page is full except the
+        unwritten tail of each request's own pages, and the cache keeps its
+        cache-only count as it goes (``check_integrity`` checks both against a
+        page-by-page count).
         """
         ps = self.page_size
-        request_pages: set[int] = set()
-        empty_slots = 0
-        for req in self.holders.values():
-            request_pages.update(req.pages)
-            empty_slots += len(req.pages) * ps - req.num_computed
-        used = self.pool.num_used
-        return used * ps - empty_slots, used - len(request_pages)
+        empty_slots = sum(len(req.pages) * ps - req.num_computed for req in self.holders.values())
+        cached = self.prefix.num_cached_only if self.prefix is not None else 0
+        return self.pool.num_used * ps - empty_slots, cached
 
     @property
     def host_pages_used(self) -> int:
         return self.host.num_used if self.host is not None else 0
 
     def page_owners(self) -> np.ndarray:
-        """Owner of every page: a request id, PAGE_CACHED, PAGE_EVICTED (since the last map) or PAGE_FREE."""
+        """Owner of every page: a request id, PAGE_CACHED, PAGE_EVICTED (since the last map) or PAGE_FREE.
+
+        Array writes per owner, no Python loop over pages. Later writes win, so
+        an evicted page that is held again shows its holder, and PAGE_EVICTED
+        stays only on pages that are still free.
+        """
         owners = np.full(self.pool.num_pages, PAGE_FREE, dtype=np.int32)
         if self.prefix is not None:
-            evicted = [p for p in self.prefix.evicted_since_snapshot if self.pool.refcount[p] == 0]
-            owners[evicted] = PAGE_EVICTED
-            self.prefix.evicted_since_snapshot.clear()
+            owners[self.prefix.take_evicted()] = PAGE_EVICTED
             owners[self.prefix.cached_only_pages()] = PAGE_CACHED
         for rid, req in self.holders.items():
             owners[req.pages] = rid
@@ -200,21 +203,35 @@ class KVCacheManager:
             self.bus.emit(PageMap(now_ns(), self.step, self.page_owners()))
 
     def check_integrity(self) -> None:
-        """Pool, cache and host tier agree; every reference is accounted for."""
+        """Pool, cache and host tier agree; every reference is accounted for; the step
+        summary's O(requests) occupancy equals a page-by-page count."""
         self.pool.check_integrity()
-        counts = [0] * self.pool.num_pages
-        for req in self.holders.values():
-            for p in req.pages:
-                counts[p] += 1
+        n, ps = self.pool.num_pages, self.page_size
+        held = [np.asarray(req.pages, dtype=np.int64) for req in self.holders.values()]
+        by_requests = np.bincount(np.concatenate([np.zeros(0, np.int64), *held]), minlength=n)
+        by_cache = np.zeros(n, dtype=np.int64)
+        fill = np.zeros(n, dtype=np.int64)  # tokens stored per page (a shared page counts once)
+        for req, pages in zip(self.holders.values(), held, strict=True):
+            written = np.clip(req.num_computed - ps * np.arange(len(pages)), 0, ps)
+            np.maximum.at(fill, pages, written)
         if self.prefix is not None:
             self.prefix.check_integrity()
-            for node in self.prefix.nodes():
-                if node.on_device:
-                    counts[node.page] += 1
-        for p, c in enumerate(counts):
-            assert self.pool.refcount[p] == c, (
-                f"page {p}: refcount {self.pool.refcount[p]}, holders {c}"
+            cached = self.prefix.device_pages_held()
+            by_cache[cached] = 1
+            fill[cached] = ps
+            only = np.flatnonzero((by_cache == 1) & (by_requests == 0))
+            assert np.array_equal(np.sort(self.prefix.cached_only_pages()), only), (
+                "cache-only pages differ from the page-by-page count"
             )
+        wrong = np.flatnonzero(np.asarray(self.pool.refcount) != by_requests + by_cache)
+        assert not len(wrong), (
+            f"page {wrong[0]}: refcount {self.pool.refcount[wrong[0]]}, "
+            f"holders {by_requests[wrong[0]] + by_cache[wrong[0]]}"
+        )
+        used_by_cache_only = int((by_requests == 0).sum()) - self.pool.num_free
+        assert self.occupancy() == (int(fill.sum()), used_by_cache_only), (
+            "step-summary occupancy differs from the page-by-page count"
+        )
         if self.host is not None:
             held = self.prefix.host_slots() if self.prefix is not None else set()
             for req in self.swapped.values():

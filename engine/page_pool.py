@@ -9,6 +9,8 @@ reused first.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class OutOfPages(Exception):
     """Raised when an allocation asks for more pages than are free."""
@@ -57,8 +59,11 @@ class PagePool:
 
     def check_integrity(self) -> None:
         """Every page is either free (count 0, once in the free list) or held (count > 0)."""
-        free = set(self._free)
-        assert len(free) == len(self._free), "page twice in the free list"
-        for p, c in enumerate(self.refcount):
-            assert c >= 0, f"negative refcount on page {p}"
-            assert (c == 0) == (p in free), f"page {p}: refcount {c} but free={p in free}"
+        counts = np.asarray(self.refcount)
+        in_free = np.bincount(np.asarray(self._free, dtype=np.int64), minlength=self.num_pages)
+        assert in_free.max(initial=0) <= 1, "page twice in the free list"
+        assert (counts >= 0).all(), f"negative refcount on page {int(np.argmin(counts))}"
+        wrong = np.flatnonzero((counts == 0) != (in_free == 1))
+        assert not len(wrong), (
+            f"page {wrong[0]}: refcount {counts[wrong[0]]}, free={bool(in_free[wrong[0]])}"
+        )

@@ -13,16 +13,21 @@ new tokens always go to pages it allocated itself, and a partially filled last
 page is recomputed, never shared. Evicted pages are either dropped (and later
 recomputed) or moved to the host tier and reloaded on a hit.
 
-Contract: ``match(tokens)`` -> (pages, hit tokens) with references taken;
-``insert(tokens, pages)`` stores full pages; ``evict(n)`` frees up to n device
-pages; ``check_integrity()`` asserts every invariant.
+Nothing here walks the tree or the pool per step. The evictable leaves are a
+set kept exact at every change (match, insert, release, evict, offload,
+reload), mirrored in a heap keyed by the eviction policy with lazy deletion:
+an entry is live while its node is evictable and its stamp is the node's
+latest, so evicting k pages costs O(k log n) whatever the tree's size.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from engine.events import (
     AllBlocksCleared,
@@ -34,9 +39,10 @@ from engine.events import (
     PageReloaded,
     now_ns,
 )
-from engine.eviction import LRU
+from engine.eviction import LRU, EvictionPolicy
 from engine.host_tier import HostTier
-from engine.page_pool import OutOfPages, PagePool
+from engine.page_pool import PagePool
+from engine.prefix_cache import PrefixCache
 
 
 @dataclass(eq=False, slots=True)
@@ -49,33 +55,119 @@ class Node:
     last_access: int = 0
     hits: int = 0
     created: int = 0
+    device_children: int = 0  # children whose page is on the device
+    queued: tuple[int, ...] | None = None  # priority of the live heap entry, if evictable
+    stamp: int = 0  # the live heap entry's stamp; older entries of this node are stale
 
     @property
     def on_device(self) -> bool:
         return self.page is not None
 
 
-class RadixCache:
+@dataclass(slots=True)
+class CacheWork:
+    """Operation counts, so tests can show per-step work does not grow with the pool."""
+
+    nodes: int = 0  # tree nodes visited
+    heap: int = 0  # heap pushes, pops and entries rebuilt
+
+
+class RadixCache(PrefixCache):
     def __init__(
         self,
         pool: PagePool,
         bus: EventBus,
-        policy=None,
+        policy: EvictionPolicy | None = None,
         host: HostTier | None = None,
         should_offload: Callable[[], bool] = lambda: False,
     ) -> None:
         self.pool = pool
         self.page_size = pool.page_size
         self.bus = bus
-        self.policy = policy or LRU()
+        self._policy = policy or LRU()
         self.host = host
         self.should_offload = should_offload
         self.root = Node(key=(), parent=None)
         self._clock = itertools.count(1)
+        self._stamps = itertools.count(1)
         self.step = 0
-        self.device_pages = 0  # nodes whose page is on the device
         self.host_pages = 0
-        self.evicted_since_snapshot: set[int] = set()
+        self.work = CacheWork()
+        self._by_page: dict[int, Node] = {}  # every device page the cache holds
+        self._cache_only: set[int] = set()  # of those, the pages no request holds
+        self._evictable: set[Node] = set()  # cache-only nodes with no child on the device
+        self._heap: list[tuple[tuple[int, ...], int, Node]] = []
+        self._evicted: set[int] = set()
+
+    @property
+    def policy(self) -> EvictionPolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: EvictionPolicy) -> None:
+        """A new policy re-keys the whole heap (rare: O(evictable))."""
+        self._policy = policy
+        for node in self._evictable:
+            node.queued = None
+        self._rebuild_heap()
+
+    @property
+    def device_pages(self) -> int:
+        return len(self._by_page)
+
+    @property
+    def num_cached_only(self) -> int:
+        return len(self._cache_only)
+
+    # --- the evictable set and its heap ------------------------------------------------
+
+    def _refresh(self, node: Node) -> None:
+        """Bring ``node``'s cache-only and evictable membership up to date (O(log n))."""
+        if node is self.root or node.page is None:
+            return
+        if self.pool.refcount[node.page] != 1:
+            self._cache_only.discard(node.page)
+            self._evictable.discard(node)
+            node.queued = None
+            return
+        self._cache_only.add(node.page)
+        if node.device_children:
+            self._evictable.discard(node)
+            node.queued = None
+            return
+        priority = self._policy.priority(node)
+        if node.queued != priority:  # newly evictable, or re-keyed by an access
+            self._evictable.add(node)
+            node.queued, node.stamp = priority, next(self._stamps)
+            heapq.heappush(self._heap, (priority, node.stamp, node))
+            self.work.heap += 1
+            if len(self._heap) > 2 * len(self._evictable) + 64:
+                self._rebuild_heap()  # stale entries outnumber live ones: amortised O(1)
+
+    def _rebuild_heap(self) -> None:
+        for node in self._evictable:
+            if node.queued is None:
+                node.queued, node.stamp = self._policy.priority(node), next(self._stamps)
+        self._heap = [(n.queued, n.stamp, n) for n in self._evictable]
+        heapq.heapify(self._heap)
+        self.work.heap += len(self._heap)
+
+    def _attach(self, node: Node, page: int) -> None:
+        """``node`` now holds device ``page`` (the caller took the cache's reference)."""
+        node.page, node.host_slot = page, None
+        self._by_page[page] = node
+        node.parent.device_children += 1
+        self._refresh(node.parent)  # no longer a leaf on the device
+
+    def _detach(self, node: Node) -> int:
+        """``node`` gives up its device page (the caller drops the reference); returns it."""
+        page = node.page
+        del self._by_page[page]
+        self._cache_only.discard(page)
+        self._evictable.discard(node)
+        node.page, node.queued = None, None
+        node.parent.device_children -= 1
+        return page
 
     # --- lookups ---------------------------------------------------------------
 
@@ -84,16 +176,12 @@ class RadixCache:
         return [tuple(tokens[i : i + ps]) for i in range(0, limit - limit % ps, ps)]
 
     def match(self, tokens: list[int]) -> tuple[list[int], int]:
-        """Longest cached prefix of ``tokens`` that leaves at least one token to compute.
-
-        Returns its device pages (one reference each taken for the caller,
-        offloaded pages reloaded first) and the number of tokens they hold.
-        """
         limit = len(tokens) - 1
         node = self.root
         pages: list[int] = []
         tick = next(self._clock)
         for key in self._blocks(tokens, limit):
+            self.work.nodes += 1
             child = node.children.get(key)
             if child is None:
                 break
@@ -103,20 +191,30 @@ class RadixCache:
             self.pool.incref([child.page])
             child.last_access = tick
             child.hits += 1
+            self._refresh(child)
             pages.append(child.page)
             node = child
         return pages, len(pages) * self.page_size
 
+    def release(self, pages: list[int]) -> None:
+        self.pool.decref(pages)
+        refcount, by_page = self.pool.refcount, self._by_page
+        for page in pages:
+            if refcount[page] == 1:
+                node = by_page.get(page)
+                if node is not None:
+                    self._refresh(node)
+
     def _reload(self, node: Node) -> bool:
-        if self.pool.num_free == 0 and not self.evict(1, protect=node):
+        # The parent holds the caller's reference, so this eviction cannot take it.
+        if self.pool.num_free == 0 and not self.evict(1):
             return False
         [page] = self.pool.allocate(1)
         slot = node.host_slot
         seconds = self.host.load(slot, page)
-        node.page, node.host_slot = page, None
-        self.device_pages += 1
+        self._attach(node, page)
         self.host_pages -= 1
-        self.evicted_since_snapshot.discard(page)
+        self._evicted.discard(page)
         if self.bus.active:
             self.bus.emit(PageReloaded(now_ns(), self.step, page, slot, seconds))
         return True
@@ -127,38 +225,37 @@ class RadixCache:
         self,
         tokens: list[int],
         pages: list[int],
-        start_node: Node | None = None,
+        handle: Node | None = None,
         start_page: int = 0,
     ) -> Node:
-        """Store the full pages of ``tokens`` (held in ``pages``); returns the deepest node.
-
-        ``start_node``/``start_page`` let a running request continue where its
-        previous insert stopped instead of walking from the root.
-        """
-        if start_node is None or (start_node is not self.root and start_node.parent is None):
-            start_node, start_page = self.root, 0  # first insert, or the old path was dropped
-        node = start_node
+        node = handle
+        if node is None or (node is not self.root and (node.parent is None or not node.on_device)):
+            # First insert; or the old path was dropped, or its end offloaded (new pages
+            # must hang under a device page): walk from the root, adopting this request's
+            # copies of offloaded pages on the way.
+            node, start_page = self.root, 0
         stored: list[int] = []
         tick = next(self._clock)
         blocks = self._blocks(tokens, len(tokens))
         for i in range(start_page, len(blocks)):
+            self.work.nodes += 1
             key = blocks[i]
             child = node.children.get(key)
             if child is None:
-                child = Node(key=key, parent=node, page=pages[i], created=tick)
+                child = Node(key=key, parent=node, created=tick)
                 node.children[key] = child
                 self.pool.incref([pages[i]])
-                self.device_pages += 1
+                self._attach(child, pages[i])
                 stored.append(pages[i])
             elif not child.on_device:
                 # Adopt the request's copy instead of reloading the offloaded one.
                 self.host.release(child.host_slot)
-                child.page, child.host_slot = pages[i], None
                 self.pool.incref([pages[i]])
-                self.device_pages += 1
+                self._attach(child, pages[i])
                 self.host_pages -= 1
                 stored.append(pages[i])
             child.last_access = tick
+            self._refresh(child)
             node = child
         if stored and self.bus.active:
             self.bus.emit(
@@ -168,84 +265,73 @@ class RadixCache:
 
     # --- eviction ----------------------------------------------------------------
 
-    def _evictable(self, protect: Node | None) -> list[Node]:
-        out = []
-        stack = list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if (
-                node.on_device
-                and self.pool.refcount[node.page] == 1
-                and node is not protect
-                and not any(c.on_device for c in node.children.values())
-            ):
-                out.append(node)
-        return out
-
-    @property
-    def num_evictable(self) -> int:
-        return len(self._evictable(None))
-
-    def evict(self, n: int, protect: Node | None = None) -> int:
-        """Free up to ``n`` device pages held only by the cache; returns how many were freed."""
+    def evict(self, n: int) -> int:
         freed = 0
-        while freed < n:
-            candidates = self._evictable(protect)
-            if not candidates:
-                break
-            candidates.sort(key=self.policy.priority)
-            for node in candidates[: n - freed]:
+        heap, evictable = self._heap, self._evictable
+        while freed < n and evictable:
+            _, stamp, node = heapq.heappop(heap)
+            self.work.heap += 1
+            if node.stamp == stamp and node in evictable:  # else a stale entry
                 self._evict_node(node)
                 freed += 1
         return freed
 
     def _evict_node(self, node: Node) -> None:
-        page = node.page
+        parent = node.parent
+        page = self._detach(node)
         offload = self.host is not None and self.should_offload() and self.host.num_free > 0
         emit = self.bus.active
         if offload:
             slot, seconds = self.host.store(page)
-            node.page, node.host_slot = None, slot
+            node.host_slot = slot
             self.host_pages += 1
             if emit:
                 self.bus.emit(PageEvicted(now_ns(), self.step, page, "offloaded", self.policy.name))
                 self.bus.emit(PageOffloaded(now_ns(), self.step, page, slot, seconds))
         else:
-            removed = self._drop_subtree(node)
+            self._drop_subtree(node)
             if emit:
                 self.bus.emit(PageEvicted(now_ns(), self.step, page, "dropped", self.policy.name))
-                self.bus.emit(BlockRemoved(now_ns(), self.step, tuple(removed)))
-            node.page = None
-        self.device_pages -= 1
+                self.bus.emit(BlockRemoved(now_ns(), self.step, (page,)))
         self.pool.decref([page])
-        self.evicted_since_snapshot.add(page)
+        self._evicted.add(page)
+        self._refresh(parent)  # may now be a leaf on the device
 
-    def _drop_subtree(self, node: Node) -> list[int]:
+    def _drop_subtree(self, node: Node) -> None:
         """Unlink ``node``; its descendants (all offloaded) lose their host slots."""
         del node.parent.children[node.key]
         node.parent = None  # detached: a request continuing from here restarts at the root
-        removed = [node.page]
         stack = list(node.children.values())
         while stack:
+            self.work.nodes += 1
             child = stack.pop()
             child.parent = None
             stack.extend(child.children.values())
             assert not child.on_device, "dropping a node whose child is on the device"
             self.host.release(child.host_slot)
             self.host_pages -= 1
-        return removed
 
     def clear(self) -> None:
-        """Drop every cached page not held by a running request (AllBlocksCleared)."""
-        while self.evict(self.pool.num_pages):
-            pass
+        # Parents exposed by an eviction join the heap at once, so one pass takes them too.
+        self.evict(self.pool.num_pages)
         if self.bus.active:
             self.bus.emit(AllBlocksCleared(now_ns(), self.step))
 
     # --- introspection ---------------------------------------------------------------
 
+    def cached_only_pages(self) -> np.ndarray:
+        return np.fromiter(self._cache_only, dtype=np.int64, count=len(self._cache_only))
+
+    def device_pages_held(self) -> np.ndarray:
+        return np.fromiter(self._by_page, dtype=np.int64, count=len(self._by_page))
+
+    def take_evicted(self) -> np.ndarray:
+        pages = np.fromiter(self._evicted, dtype=np.int64, count=len(self._evicted))
+        self._evicted.clear()
+        return pages
+
     def nodes(self) -> list[Node]:
+        """Every node under the root (a whole-tree walk: for checks, never per step)."""
         out, stack = [], list(self.root.children.values())
         while stack:
             node = stack.pop()
@@ -253,14 +339,19 @@ class RadixCache:
             stack.extend(node.children.values())
         return out
 
-    def cached_only_pages(self) -> list[int]:
-        return [n.page for n in self.nodes() if n.on_device and self.pool.refcount[n.page] == 1]
+    def host_slots(self) -> set[int]:
+        return {n.host_slot for n in self.nodes() if not n.on_device}
 
     def check_integrity(self) -> None:
         nodes = self.nodes()
-        device = [n.page for n in nodes if n.on_device]
-        assert len(device) == len(set(device)), "a device page stored in two nodes"
-        assert len(device) == self.device_pages, "device page count drifted"
+        refcount = self.pool.refcount
+        device = [n for n in nodes if n.on_device]
+        assert len({n.page for n in device}) == len(device), "a device page stored in two nodes"
+        assert {n.page: n for n in device} == self._by_page, "page -> node index drifted"
+        for n in [self.root, *nodes]:
+            assert n.device_children == sum(c.on_device for c in n.children.values()), (
+                "device child count drifted"
+            )
         for n in nodes:
             assert (n.page is None) != (n.host_slot is None), (
                 "node both or neither on device and host"
@@ -268,12 +359,21 @@ class RadixCache:
             assert len(n.key) == self.page_size
             assert n.parent.children.get(n.key) is n, "broken parent link"
             if n.on_device:
-                assert self.pool.refcount[n.page] >= 1, f"cached page {n.page} has no reference"
-        slots = self.host_slots()
-        assert len(slots) == self.host_pages, "host page count drifted"
+                assert refcount[n.page] >= 1, f"cached page {n.page} has no reference"
+                assert n.parent is self.root or n.parent.on_device, "device page under a host page"
+        assert self._cache_only == {n.page for n in device if refcount[n.page] == 1}, (
+            "cache-only set drifted"
+        )
+        evictable = {n for n in device if refcount[n.page] == 1 and not n.device_children}
+        assert self._evictable == evictable, "evictable set drifted"
+        live = [(prio, n) for prio, stamp, n in self._heap if n in evictable and n.stamp == stamp]
+        assert len(live) == len(evictable) and {n for _, n in live} == evictable, (
+            "the heap's live entries are not the evictable leaves"
+        )
+        assert all(prio == n.queued == self._policy.priority(n) for prio, n in live), (
+            "a heap entry's priority is stale"
+        )
+        assert len(nodes) - len(device) == self.host_pages, "host page count drifted"
 
-    def host_slots(self) -> set[int]:
-        return {n.host_slot for n in self.nodes() if not n.on_device}
 
-
-__all__ = ["Node", "OutOfPages", "RadixCache"]
+__all__ = ["CacheWork", "Node", "RadixCache"]

@@ -1,8 +1,12 @@
-"""Radix prefix cache: random match / insert / release / evict / offload / reload sequences.
+"""Radix prefix cache: random match / insert / extend / release / evict / offload / reload
+sequences under every eviction policy.
 
-After every operation: the cache's own invariants hold, every page's reference
-count equals its holders (requests + cache nodes), no page is both free and
-held, host slots are neither leaked nor double-held.
+After every operation: the cache's own invariants hold (among them: the heap's
+live entries are exactly the evictable leaves, keyed by the current policy),
+every page's reference count equals its holders (requests + cache nodes), no
+page is both free and held, host slots are neither leaked nor double-held.
+Every single eviction takes a leaf of minimal priority, checked against a
+brute-force walk of the tree.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache = RadixCache(
             self.pool, bus, LRU(), self.host, should_offload=lambda: self.offload
         )
-        self.holders: list[tuple[list[int], list[int]]] = []  # (tokens, pages)
+        self.holders: list[tuple[list[int], list[int], object]] = []  # (tokens, pages, handle)
 
     @rule(stem=stems, tail=tails)
     def request(self, stem, tail):
@@ -51,23 +55,58 @@ class CacheMachine(RuleBasedStateMachine):
         if need > self.pool.num_free:
             self.cache.evict(need - self.pool.num_free)
         if need > self.pool.num_free:
-            self.pool.decref(pages)  # refused for lack of pages: give the hit back
+            self.cache.release(pages)  # refused for lack of pages: give the hit back
             return
         pages = pages + self.pool.allocate(need)
-        self.cache.insert(tokens, pages)
-        self.holders.append((tokens, pages))
+        handle = self.cache.insert(tokens, pages)
+        self.holders.append((tokens, pages, handle))
+
+    @rule(i=st.integers(0, 20), more=st.lists(st.integers(1, 3), min_size=1, max_size=5))
+    def extend(self, i, more):
+        """A running request grows and offers its new full pages, continuing from its handle
+        (which may have been offloaded or dropped meanwhile)."""
+        if not self.holders:
+            return
+        tokens, pages, handle = self.holders.pop(i % len(self.holders))
+        tokens = tokens + more
+        need = -(-len(tokens) // PAGE) - len(pages)
+        if need > self.pool.num_free:
+            self.cache.evict(need - self.pool.num_free)
+        if need > self.pool.num_free:
+            self.cache.release(pages)
+            return
+        offered = (len(tokens) - len(more)) // PAGE
+        pages = pages + self.pool.allocate(need)
+        handle = self.cache.insert(tokens, pages, handle, offered)
+        self.holders.append((tokens, pages, handle))
 
     @rule(i=st.integers(0, 20))
     def finish(self, i):
         if self.holders:
-            _, pages = self.holders.pop(i % len(self.holders))
-            self.pool.decref(pages)
+            _, pages, _ = self.holders.pop(i % len(self.holders))
+            self.cache.release(pages)
 
     @rule(n=st.integers(1, 6))
     def evict(self, n):
         before = self.pool.num_free
         freed = self.cache.evict(n)
         assert self.pool.num_free == before + freed
+
+    @rule()
+    def evict_one_in_policy_order(self):
+        nodes = self.cache.nodes()
+        leaves = [
+            n
+            for n in nodes
+            if n.on_device
+            and self.pool.refcount[n.page] == 1
+            and not any(c.on_device for c in n.children.values())
+        ]
+        assert self.cache.evict(1) == (1 if leaves else 0)
+        if leaves:
+            lowest = min(self.cache.policy.priority(n) for n in leaves)
+            gone = [n for n in leaves if not n.on_device]
+            assert len(gone) == 1 and self.cache.policy.priority(gone[0]) == lowest
 
     @rule(on=st.booleans())
     def toggle_offload(self, on):
@@ -82,13 +121,15 @@ class CacheMachine(RuleBasedStateMachine):
         self.pool.check_integrity()
         self.cache.check_integrity()
         counts = [0] * PAGES
-        for _, pages in self.holders:
+        for _, pages, _ in self.holders:
             for p in pages:
                 counts[p] += 1
-        for node in self.cache.nodes():
-            if node.on_device:
-                counts[node.page] += 1
+        for p in self.cache.device_pages_held():
+            counts[p] += 1
         assert counts == self.pool.refcount
+        assert self.cache.num_cached_only == sum(
+            1 for p in self.cache.device_pages_held() if self.pool.refcount[p] == 1
+        )
         self.host.check_integrity(self.cache.host_slots())
 
 
@@ -106,7 +147,7 @@ def test_hit_after_insert_and_offload_roundtrip():
     cache.insert(tokens, pages)
     assert cache.device_pages == 2  # two full pages; the partial third is never shared
     original = storage[:, pages[:2]].clone()
-    pool.decref(pages)
+    cache.release(pages)
     assert cache.evict(2) == 2 and cache.host_pages == 2
     storage[:, pages[:2]] = 0  # the device copies are gone
     got, hit = cache.match(tokens)
