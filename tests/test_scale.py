@@ -1,0 +1,176 @@
+"""The prefix cache and step summaries at GPU scale, on the CPU: a 100,000-page pool.
+
+An 8B-shape run on one H200 has about 55,000 pages. Here the tiny model gets
+a 100,000-page pool (4-token pages, so the KV storage is 51 MB), the prefix
+cache is filled to the brim with cached chains, and a workload with a shared
+prompt stem then runs through the real engine, evicting as it goes. The
+cache's own work counters (tree nodes visited, heap operations) show that no
+step does work that grows with the pool or the tree: each step's counts equal
+those of the same run on a 1,000-page pool filled the same way, while the old
+whole-tree walk would visit 100,000 nodes per eviction. Two counters sit
+outside the cache, so a walk added later cannot hide from them: reads of the
+pool's reference counts and calls of the eviction policy.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE, EventBus, PageMap, StepSummary
+from engine.eviction import LRU
+from engine.sampler import SamplingParams
+from tests.test_scheduler import run_all, tiny_engine
+
+PAGE = 4
+SLACK = 40  # free pages left after filling the cache, so the workload must evict
+CHAIN = 50  # pages per warm-up chain
+
+
+class CountingRefcounts(list):
+    """The pool's reference counts, counting reads."""
+
+    reads = 0
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return super().__getitem__(i)
+
+
+class CountingLRU(LRU):
+    calls = 0
+
+    def priority(self, node):
+        self.calls += 1
+        return super().priority(node)
+
+
+def counted_engine(pages: int, **kw):
+    engine = tiny_engine(pages, PAGE, max_batched_tokens=64, **kw)
+    engine.kv.pool.refcount = CountingRefcounts(engine.kv.pool.refcount)
+    engine.kv.prefix.policy = CountingLRU()
+    return engine
+
+
+def work_done(engine) -> int:
+    cache = engine.kv.prefix
+    return cache.work.nodes + cache.work.heap + cache.policy.calls + engine.kv.pool.refcount.reads
+
+
+def fill_cache(engine) -> int:
+    """Fill the pool with cache-only chains of CHAIN pages (keys start with token 0, which
+    the workload never uses, so they are never hit); returns the pages filled."""
+    cache, pool = engine.kv.prefix, engine.kv.pool
+    rng = random.Random(7)
+    filled = 0
+    chain = 0
+    while pool.num_free - SLACK > 0:
+        n = min(CHAIN, pool.num_free - SLACK)
+        head = [0, 1 + chain % 63, 1 + chain // 63 % 63, 1 + chain // 3969]
+        tokens = head + [rng.randint(1, 63) for _ in range((n - 1) * PAGE)]
+        pages = pool.allocate(n)
+        cache.insert(tokens, pages)
+        cache.release(pages)
+        filled += n
+        chain += 1
+    return filled
+
+
+def workload(seed: int = 3) -> list[tuple[int, list[int], int]]:
+    rng = random.Random(seed)
+    stem = [rng.randint(1, 63) for _ in range(24)]
+    return [
+        (
+            rng.randint(0, 12),
+            stem + [rng.randint(1, 63) for _ in range(rng.randint(1, 20))],
+            rng.randint(4, 16),
+        )
+        for _ in range(24)
+    ]
+
+
+def run_counted(engine, arrivals, check_every: int = 0):
+    """Like ``run_all``, recording the cache's work per step; returns (outputs, work per step)."""
+    pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
+    outputs: dict[int, list[int]] = {}
+    index: dict[int, int] = {}
+    per_step: list[int] = []
+    step = 0
+    while pending or engine.has_unfinished():
+        while pending and pending[0][1][0] <= step:
+            position, (_, prompt, n) = pending.pop(0)
+            rid = engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+            index[rid] = position
+        before = work_done(engine)
+        for out in engine.step():
+            if out.finished:
+                outputs[index[out.request_id]] = out.token_ids
+        per_step.append(work_done(engine) - before)
+        if check_every and step % check_every == 0:
+            engine.kv.check_integrity()
+        step += 1
+        assert step < 2000, "engine made no progress"
+    return outputs, per_step
+
+
+@pytest.fixture(scope="module")
+def big_run():
+    events: list = []
+    bus = EventBus()
+    bus.subscribe(events.append)
+    engine = counted_engine(100_000, bus=bus)
+    assert engine.num_pages == 100_000
+    filled = fill_cache(engine)
+    engine.kv.check_integrity()
+    outputs, per_step = run_counted(engine, workload(), check_every=25)
+    engine.kv.check_integrity()
+    return engine, filled, outputs, per_step, events
+
+
+def test_outputs_match_small_pools_and_no_cache(big_run):
+    _, _, outputs, _, _ = big_run
+    work = workload()
+    assert outputs == run_all(tiny_engine(64, PAGE, max_batched_tokens=64), work)
+    assert outputs == run_all(tiny_engine(400, PAGE, prefix_cache=False), work)
+
+
+def test_evicts_through_a_full_tree_and_keeps_every_invariant(big_run):
+    engine, filled, _, _, events = big_run
+    assert filled == 100_000 - SLACK
+    evicted = sum(e.kind == "page_evicted" for e in events)
+    assert evicted > SLACK  # the workload ran on pages it had to take from the cache
+    hits = [e for e in events if e.kind == "prefix_lookup"]
+    assert sum(e.hit_tokens for e in hits) >= 20 * 24  # the shared stem was served from cache
+    assert not engine.kv.holders
+    assert engine.kv.pool.num_used == engine.kv.prefix.device_pages
+
+
+def test_per_step_work_does_not_grow_with_the_pool(big_run):
+    _, _, _, per_step, _ = big_run
+    small = counted_engine(1_000)
+    fill_cache(small)
+    _, small_per_step = run_counted(small, workload())
+    # The same steps do the same cache work on 1,000 and 100,000 pages.
+    assert len(per_step) == len(small_per_step)
+    assert max(per_step) <= max(small_per_step) + 8
+    assert sum(per_step) <= sum(small_per_step) * 1.05 + 16
+    assert max(per_step) < 1_000  # a tree walk would visit 100,000 nodes
+
+
+def test_page_maps_and_step_summaries_agree_at_scale(big_run):
+    engine, _, _, _, events = big_run
+    maps = [e for e in events if isinstance(e, PageMap)]
+    steps = {e.step: e for e in events if isinstance(e, StepSummary)}
+    assert len(maps) >= 5
+    for snapshot in maps:
+        owners = snapshot.owners
+        summary = steps[snapshot.step]
+        assert len(owners) == 100_000
+        assert np.count_nonzero(owners == PAGE_CACHED) == summary.pages_cached
+        assert np.count_nonzero(owners >= 0) == summary.pages_used - summary.pages_cached
+        assert np.count_nonzero((owners == PAGE_FREE) | (owners == PAGE_EVICTED)) == (
+            summary.pages_free
+        )
+    assert any(np.count_nonzero(m.owners == PAGE_EVICTED) for m in maps)
