@@ -37,3 +37,21 @@ def test_pool_accounting(ops):
         pool.decref(h)
     pool.check_integrity()
     assert pool.num_free == 16
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (lambda pool: pool.refcount.__setitem__(3, 0), "page 3: refcount 0, free=False"),
+        (lambda pool: pool.refcount.__setitem__(9, 1), "page 9: refcount 1, free=True"),
+        (lambda pool: pool._free.append(9), "page twice in the free list"),
+        (lambda pool: pool.refcount.__setitem__(2, -1), "negative refcount on page 2"),
+    ],
+)
+def test_check_integrity_names_the_broken_page(corrupt, message):
+    pool = PagePool(16, 4)
+    pool.allocate(4)  # pages 0..3 held, 4..15 free
+    pool.check_integrity()
+    corrupt(pool)
+    with pytest.raises(AssertionError, match=message):
+        pool.check_integrity()

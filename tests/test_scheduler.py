@@ -1,8 +1,9 @@
 """The engine's scheduler and KV manager under random load, on a tiny random model.
 
 Invariants after every step (no page both free and owned, every reference
-accounted for, all pages back when all requests finish) under random
-arrivals, tiny budgets, chunked prefill and both preemption modes; and the
+accounted for, the prefix cache's heap live entries exactly its evictable
+leaves, all pages back when all requests finish) under random arrivals, every
+eviction policy, tiny budgets, chunked prefill and both preemption modes; and the
 same greedy tokens whatever the cache configuration.
 """
 
@@ -64,8 +65,11 @@ prompts = st.lists(st.integers(1, 63), min_size=1, max_size=30)
     st.booleans(),
     st.sampled_from(["recompute", "swap"]),
     st.integers(4, 64),
+    st.sampled_from(["lru", "lfu", "fifo"]),
 )
-def test_invariants_under_random_load(arrivals, page_size, prefix, preemption, budget_tokens):
+def test_invariants_under_random_load(
+    arrivals, page_size, prefix, preemption, budget_tokens, policy
+):
     longest = max(len(p) + n for _, p, n in arrivals)
     pages = max(budget_tokens // page_size, -(-longest // page_size) + 1)
     engine = tiny_engine(
@@ -75,6 +79,7 @@ def test_invariants_under_random_load(arrivals, page_size, prefix, preemption, b
         preemption=preemption,
         offload="always" if prefix else "never",
         max_batched_tokens=16,
+        eviction_policy=policy,
     )
     outputs = run_all(engine, arrivals)
     assert sorted(outputs) == list(range(len(arrivals)))
