@@ -13,6 +13,7 @@ from collections.abc import Callable
 from sqlite_utils import Database
 
 from db.schema import APPLICATION_ID
+from db.watch_schema import create_watch_tables
 from engine.errors import KvscopeError
 
 
@@ -162,7 +163,16 @@ def _v2_liveness_and_metrics(db: Database) -> None:
     )
 
 
-MIGRATIONS: tuple[Callable[[Database], None], ...] = (_v1_initial, _v2_liveness_and_metrics)
+def _v3_watch(db: Database) -> None:
+    """Watched vLLM/SGLang deployments: sources, block events, incidents, /metrics."""
+    create_watch_tables(db)
+
+
+MIGRATIONS: tuple[Callable[[Database], None], ...] = (
+    _v1_initial,
+    _v2_liveness_and_metrics,
+    _v3_watch,
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,0 +1,190 @@
+"""``kvscope watch``: record a running vLLM or SGLang deployment's KV-cache events
+and /metrics into a kvscope database, live, until Ctrl-C or ``--duration``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from db.schema import COMPLETE, FAILED, INTERRUPTED
+from db.store import default_db_path
+from engine.errors import KvscopeError
+
+DEFAULT_LISTEN = "tcp://127.0.0.1:5557"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "watch",
+        help="record a vLLM or SGLang deployment's KV-cache events and /metrics, live",
+        description=__doc__,
+    )
+    p.add_argument(
+        "db", nargs="?", type=Path, help="the database (default: $KVSCOPE_DB or ./kvscope.db)"
+    )
+    p.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="an engine's event endpoint, e.g. tcp://10.0.0.5:5557 or ipc:///tmp/kv (repeatable)",
+    )
+    p.add_argument(
+        "--replay",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="the replay endpoint of each --source, in the same order",
+    )
+    p.add_argument("--topic", default="", help="the topic the engines publish on (default: all)")
+    p.add_argument(
+        "--dp-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="data-parallel ranks behind each endpoint: rank r on port base+r (ipc: _dp{r})",
+    )
+    p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm", help="the engine kind")
+    p.add_argument(
+        "--metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a Prometheus /metrics URL to scrape (repeatable)",
+    )
+    p.add_argument("--scrape-interval", type=float, default=1.0, metavar="S", help="seconds")
+    p.add_argument(
+        "--server-info",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an SGLang /server_info URL: take the event endpoints it advertises",
+    )
+    p.add_argument(
+        "--listen",
+        nargs="?",
+        const=DEFAULT_LISTEN,
+        metavar="ENDPOINT",
+        help=f"bind a subscriber that engines connect to (vLLM fan-in; default {DEFAULT_LISTEN})",
+    )
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--json", action="store_true", help="status and summary as JSON lines")
+    p.set_defaults(handler=run)
+
+
+def _specs(args: argparse.Namespace) -> list:
+    from profiler.watch.discovery import discover
+    from profiler.watch.sources import expand_sources
+
+    if args.replay and len(args.replay) != len(args.source):
+        raise KvscopeError(
+            f"{len(args.replay)} --replay for {len(args.source)} --source: give one per source"
+        )
+    specs = []
+    for i, endpoint in enumerate(args.source):
+        specs += expand_sources(
+            endpoint,
+            replay=args.replay[i] if args.replay else None,
+            topic=args.topic,
+            dp_size=args.dp_size,
+            engine=args.engine,
+        )
+    if args.listen:
+        specs += expand_sources(
+            args.listen,
+            replay=None,
+            topic=args.topic,
+            engine=args.engine,
+            listen=True,
+        )
+    for url in args.server_info:
+        _check_url(url, "--server-info")
+        specs += discover(url)
+    if not specs:
+        raise KvscopeError("nothing to watch: give --source, --listen or --server-info")
+    return specs
+
+
+def _check_url(url: str, flag: str) -> None:
+    if not url.startswith(("http://", "https://")):
+        raise KvscopeError(f"{flag} {url!r} must be an http:// or https:// URL")
+
+
+def _line(status, rate: float | None = None) -> str:
+    head = f"{status.sources} sources  " + (
+        f"{rate:,.0f} block events/s  " if rate is not None else ""
+    )
+    return (
+        f"{head}{status.block_events:,} block events  {status.batches:,} batches  "
+        f"gaps {status.gaps} (recovered {status.recovered_batches} batches, "
+        f"lost {status.lost_batches})  restarts {status.restarts}  scrapes {status.scrapes}"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from profiler.watch.session import WatchSession
+
+    if args.duration is not None and args.duration <= 0:
+        raise KvscopeError("--duration must be positive")
+    if args.scrape_interval <= 0:
+        raise KvscopeError("--scrape-interval must be positive")
+    for url in args.metrics:
+        _check_url(url, "--metrics")
+    specs = _specs(args)
+    config = {
+        "sources": [spec.endpoint for spec in specs],
+        "metrics": args.metrics,
+        "engine": args.engine,
+        "topic": args.topic,
+        "dp_size": args.dp_size,
+    }
+    session = WatchSession(
+        args.db or default_db_path(),
+        specs,
+        metrics_urls=tuple(args.metrics),
+        engine=args.engine,
+        scrape_interval_s=args.scrape_interval,
+        config=config,
+    ).start()
+    tty = sys.stdout.isatty() and not args.json
+    if not args.json:
+        print(f"kvscope watch: run {session.run_id}, {len(specs)} source(s); Ctrl-C to stop")
+    started = last_t = time.monotonic()
+    last_blocks = 0
+    final = COMPLETE
+    try:
+        while args.duration is None or time.monotonic() - started < args.duration:
+            left = 1.0 if args.duration is None else args.duration - (time.monotonic() - started)
+            time.sleep(max(0.0, min(1.0, left)))
+            if session.error is not None:
+                final = FAILED
+                break
+            now, status = time.monotonic(), session.status()
+            rate = (status.block_events - last_blocks) / max(now - last_t, 1e-9)
+            last_t, last_blocks = now, status.block_events
+            if args.json:
+                print(
+                    json.dumps(
+                        {"elapsed_s": round(now - started, 3), "block_events_per_s": round(rate)}
+                        | status.as_dict()
+                    ),
+                    flush=True,
+                )
+            else:
+                print(
+                    ("\r" if tty else "") + _line(status, rate), end="" if tty else "\n", flush=True
+                )
+    except KeyboardInterrupt:
+        final = INTERRUPTED
+    status = session.stop(final)
+    summary = {"run_id": session.run_id, "status": final} | status.as_dict()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(("\n" if tty else "") + f"run {session.run_id} {final}: " + _line(status))
+    if final == FAILED:
+        raise KvscopeError(f"watch stopped: {session.error}")
+    return 130 if final == INTERRUPTED else 0

@@ -1,0 +1,137 @@
+"""The tables of a watched deployment (run kind ``watch``): sources, block events,
+raw events, incidents and /metrics samples.
+
+``create_watch_tables`` is schema version 3's migration body (``db.migrations``);
+change it only by adding a migration. Block events are one row per block hash,
+so the prefix tree and cross-engine duplicates are plain SQL over this table.
+"""
+
+from __future__ import annotations
+
+from sqlite_utils import Database
+
+WATCH_KIND = "watch"
+
+# watch_blocks.op
+OP_STORED = 1
+OP_REMOVED = 2
+OP_CLEARED = 3  # AllBlocksCleared: the engine dropped its whole prefix cache
+OP_RESET = 4  # the engine restarted: everything it held is gone
+CLEARING_OPS = (OP_CLEARED, OP_RESET)
+
+# watch_sources.kind
+EVENTS_SOURCE = "events"
+METRICS_SOURCE = "metrics"
+
+BLOCK_COLUMNS = ("source", "seq", "ts_ns", "op", "block_hash", "parent_hash", "medium", "group_idx")
+RAW_COLUMNS = ("source", "seq", "ts_ns", "type", "payload")
+INCIDENT_COLUMNS = (
+    "source",
+    "ts_ns",
+    "kind",
+    "first_seq",
+    "last_seq",
+    "recovered",
+    "lost",
+    "detail",
+)
+METRIC_COLUMNS = ("source", "ts_ns", "name", "labels", "value")
+# Counters of a source, refreshed by the writer on every flush.
+SOURCE_COUNTERS = (
+    "block_size",
+    "last_seq",
+    "batches",
+    "events",
+    "block_events",
+    "gaps",
+    "recovered_batches",
+    "lost_batches",
+    "restarts",
+    "disconnects",
+    "bad_messages",
+    "attrs",
+)
+
+
+def create_watch_tables(db: Database) -> None:
+    run_fk = [("run_id", "runs", "id")]
+    db["watch_sources"].create(
+        {
+            "run_id": int,
+            "source": int,  # the source's number within its run
+            "kind": str,  # 'events' or 'metrics'
+            "engine": str,  # 'vllm' or 'sglang': hashes compare only within one kind
+            "endpoint": str,
+            "replay": str,
+            "topic": str,
+            "dp_rank": int,
+            "listen": int,
+            "block_size": int,
+            "last_seq": int,
+            "batches": int,
+            "events": int,
+            "block_events": int,
+            "gaps": int,
+            "recovered_batches": int,
+            "lost_batches": int,  # batches missed and not recovered by replay
+            "restarts": int,
+            "disconnects": int,
+            "bad_messages": int,
+            "attrs": str,  # JSON: values seen of fields kept per source (spec kinds, LoRAs)
+        },
+        pk=("run_id", "source"),
+        foreign_keys=run_fk,
+        defaults={
+            name: 0 for name in SOURCE_COUNTERS if name not in ("block_size", "last_seq", "attrs")
+        },
+    )
+    db["watch_blocks"].create(
+        {
+            "run_id": int,
+            "source": int,
+            "seq": int,
+            "ts_ns": int,  # the engine's timestamp on the run's clock
+            "op": int,
+            "block_hash": int,  # signed 64-bit
+            "parent_hash": int,
+            "medium": str,
+            "group_idx": int,
+        },
+    )
+    # One index: lifetimes, reuse, duplicates and the prefix tree all look blocks up by hash.
+    db["watch_blocks"].create_index(["run_id", "block_hash"])
+    db["watch_raw"].create(
+        {
+            "run_id": int,
+            "source": int,
+            "seq": int,
+            "ts_ns": int,
+            "type": str,
+            "payload": str,  # JSON of the fields this kvscope does not know
+        },
+    )
+    db["watch_incidents"].create(
+        {
+            "run_id": int,
+            "source": int,
+            "ts_ns": int,
+            "kind": str,  # gap, restart, connected, disconnected, bad_message, scrape_error
+            "first_seq": int,
+            "last_seq": int,
+            "recovered": int,
+            "lost": int,
+            "detail": str,
+        },
+    )
+    db["watch_incidents"].create_index(["run_id", "source"])
+    db["watch_metrics"].create(
+        {
+            "run_id": int,
+            "source": int,
+            "ts_ns": int,
+            "name": str,
+            "labels": str,  # 'k="v",...' sorted, without the braces
+            "value": float,
+        },
+    )
+    db["watch_metrics"].create_index(["run_id", "name", "ts_ns"])

@@ -1,0 +1,94 @@
+"""Writes a watched deployment's rows in batches, one transaction per flush.
+
+Like ``db.writer`` it knows tables, not events: ``profiler.watch`` turns
+batches, incidents and scrapes into the row tuples of a ``WatchBatch``. Every
+write also refreshes the run's heartbeat, so readers tell a live watch from a
+dead one the same way they do for a run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from sqlite_utils import Database
+
+from db.schema import FINAL_STATUSES
+from db.watch_schema import (
+    BLOCK_COLUMNS,
+    INCIDENT_COLUMNS,
+    METRIC_COLUMNS,
+    RAW_COLUMNS,
+    SOURCE_COUNTERS,
+)
+from db.writer import WAL_CHECKPOINT_PAGES
+
+SOURCE_COLUMNS = ("source", "kind", "engine", "endpoint", "replay", "topic", "dp_rank", "listen")
+
+
+@dataclass(slots=True)
+class WatchBatch:
+    """Rows for one transaction, in ``db.watch_schema``'s column orders (without run_id)."""
+
+    sources: list[tuple] = field(default_factory=list)  # SOURCE_COLUMNS
+    blocks: list[tuple] = field(default_factory=list)
+    raw: list[tuple] = field(default_factory=list)
+    incidents: list[tuple] = field(default_factory=list)
+    metrics: list[tuple] = field(default_factory=list)
+    # (*SOURCE_COUNTERS, source): the sources' counters as of this batch
+    counters: list[tuple] = field(default_factory=list)
+
+
+def _insert(table: str, columns: tuple[str, ...], run_id: int) -> str:
+    names = ", ".join(("run_id", *columns))
+    return f"INSERT INTO {table} ({names}) VALUES ({run_id}, {', '.join('?' * len(columns))})"
+
+
+class WatchWriter:
+    """Appends one watch run's batches to an open database (one thread at a time)."""
+
+    def __init__(self, db: Database, run_id: int) -> None:
+        self.db = db
+        self.run_id = run_id
+        self.rows_written = 0
+        db.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
+        r = int(run_id)
+        self._statements = (
+            ("sources", _insert("watch_sources", SOURCE_COLUMNS, r)),
+            ("blocks", _insert("watch_blocks", BLOCK_COLUMNS, r)),
+            ("raw", _insert("watch_raw", RAW_COLUMNS, r)),
+            ("incidents", _insert("watch_incidents", INCIDENT_COLUMNS, r)),
+            ("metrics", _insert("watch_metrics", METRIC_COLUMNS, r)),
+            (
+                "counters",
+                "UPDATE watch_sources SET "
+                + ", ".join(f"{c} = ?" for c in SOURCE_COUNTERS)
+                + f" WHERE run_id = {r} AND source = ?",
+            ),
+        )
+
+    def write(self, batch: WatchBatch, dropped_rows: int = 0) -> None:
+        """Insert a batch and refresh the run's heartbeat and counters, atomically."""
+        conn = self.db.conn
+        with self.db.atomic():
+            for name, sql in self._statements:
+                rows = getattr(batch, name)
+                if rows:
+                    conn.executemany(sql, rows)
+            self.rows_written += len(batch.blocks) + len(batch.raw)
+            conn.execute(
+                "UPDATE runs SET heartbeat = ?, events_written = ?, dropped_events = ? WHERE id = ?",
+                (time.time(), self.rows_written, dropped_rows, self.run_id),
+            )
+
+    def finish(self, status: str, dropped_rows: int) -> None:
+        """Mark the run ended with ``status``."""
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"final status must be one of {FINAL_STATUSES}, not {status!r}")
+        now = time.time()
+        with self.db.atomic():
+            self.db.execute(
+                """UPDATE runs SET status = ?, ended_at = ?, heartbeat = ?, dropped_events = ?
+                   WHERE id = ?""",
+                (status, now, now, dropped_rows, self.run_id),
+            )

@@ -1,0 +1,48 @@
+"""SGLang's ``/server_info`` discovery: the event endpoints a server advertises.
+
+SGLang lists ``kv_events`` = {endpoint_host, endpoint_port_base, topic,
+block_size, dp_size, replay_endpoint_port_base}; a wildcard host means "this
+server's host", taken from the URL that was asked.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+from typing import Any
+from urllib.parse import urlsplit
+
+from engine.errors import KvscopeError
+from profiler.watch.scraper import fetch_text
+from profiler.watch.sources import SourceSpec, expand_sources
+
+_WILDCARDS = ("", "*", "0.0.0.0", "::", "[::]")
+
+
+def sources_from_info(url: str, info: Any) -> list[SourceSpec]:
+    """The event sources a decoded ``/server_info`` document advertises."""
+    events = info.get("kv_events") if isinstance(info, dict) else None
+    if not isinstance(events, dict) or events.get("endpoint_port_base") is None:
+        raise KvscopeError(f"{url} advertises no kv_events (start SGLang with --kv-events-config)")
+    host = events.get("endpoint_host")
+    if host is None or str(host) in _WILDCARDS:
+        host = urlsplit(url).hostname or "127.0.0.1"
+    if ":" in str(host) and not str(host).startswith("["):
+        host = f"[{host}]"  # an IPv6 literal
+    replay_port = events.get("replay_endpoint_port_base")
+    return expand_sources(
+        f"tcp://{host}:{int(events['endpoint_port_base'])}",
+        replay=None if replay_port is None else f"tcp://{host}:{int(replay_port)}",
+        topic=str(events.get("topic") or ""),
+        dp_size=int(events.get("dp_size") or 1),
+        engine="sglang",
+    )
+
+
+def discover(url: str) -> list[SourceSpec]:
+    """Ask a running SGLang server for its event sources; KvscopeError if it cannot say."""
+    try:
+        info = json.loads(fetch_text(url))
+    except (OSError, urllib.error.URLError, ValueError) as exc:
+        raise KvscopeError(f"cannot read {url}: {exc}") from None
+    return sources_from_info(url, info)

@@ -1,0 +1,247 @@
+"""Records a watched deployment into a kvscope database on a background thread.
+
+The subscriber and the scraper only append to in-memory queues; a writer thread
+wakes every ``flush_interval_s`` (or when ``flush_at`` batches wait), turns
+them into rows and writes them in one transaction, with every source's
+counters. The queue is bounded: when it is full the subscriber waits, ZMQ
+drops at its high-water mark and the drop returns as a sequence gap, so memory
+stays bounded and nothing is lost without being counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from db.schema import COMPLETE
+from db.store import open_db
+from db.watch_schema import EVENTS_SOURCE, METRICS_SOURCE, OP_RESET, WATCH_KIND
+from db.watch_writer import WatchBatch, WatchWriter
+from db.writer import create_run
+from engine.events import now_ns
+from profiler.hardware import describe_versions
+from profiler.watch.rows import SourceAttrs, batch_rows
+from profiler.watch.subscriber import Stream
+from profiler.watch.wire import EventBatch
+
+log = logging.getLogger(__name__)
+
+
+class WatchRecorder:
+    """Creates a run of kind 'watch'; ``start()``, feed it, ``finish(status)``."""
+
+    def __init__(
+        self,
+        db_path: str | os.PathLike[str],
+        config: Mapping[str, Any],
+        model: str | None = None,
+        *,
+        flush_interval_s: float = 0.25,
+        flush_at: int = 2000,
+        max_pending: int = 20_000,
+    ) -> None:
+        self._db = open_db(db_path)
+        self.start_ns = now_ns()
+        self.started_at = time.time()
+        self.run_id = create_run(
+            self._db,
+            kind=WATCH_KIND,
+            model=model,
+            config=config,
+            hardware={},
+            versions=describe_versions(),
+            started_at=self.started_at,
+            start_ns=self.start_ns,
+        )
+        self._writer = WatchWriter(self._db, self.run_id)
+        self._indexes = itertools.count()
+        self._streams: dict[int, Stream] = {}
+        self._attrs: dict[int, SourceAttrs] = {}
+        self._new_sources: deque[tuple] = deque()
+        # (source, seq, batch); a float instead of a batch marks a restart at that
+        # engine time, kept in order with the batches
+        self._batches: deque[tuple[int, int | None, EventBatch | float]] = deque()
+        self._incidents: deque[tuple] = deque()
+        self._metrics: deque[list[tuple]] = deque()
+        self._flush_interval_s = flush_interval_s
+        self._flush_at = flush_at
+        self._max_pending = max_pending
+        self._wake = threading.Event()
+        self._room = threading.Event()
+        self._room.set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._finished = False
+        self.dropped_rows = 0
+        self.error: Exception | None = None
+
+    def ts_ns(self, engine_ts: float) -> int:
+        """An engine's wall-clock timestamp on this run's clock (``start_ns`` origin)."""
+        return self.start_ns + int((engine_ts - self.started_at) * 1e9)
+
+    # --- the subscriber's and scraper's side ---------------------------------------
+
+    def next_source_index(self) -> int:
+        return next(self._indexes)
+
+    def new_stream(self, stream: Stream) -> None:
+        spec = stream.spec
+        self._streams[stream.index] = stream
+        self._attrs[stream.index] = SourceAttrs()
+        self._new_sources.append(
+            (
+                stream.index,
+                EVENTS_SOURCE,
+                spec.engine,
+                spec.endpoint,
+                spec.replay,
+                spec.topic,
+                stream.dp_rank,
+                int(spec.listen),
+            )
+        )
+
+    def add_metrics_source(self, url: str, engine: str) -> int:
+        """A /metrics endpoint's source number."""
+        index = self.next_source_index()
+        self._new_sources.append((index, METRICS_SOURCE, engine, url, None, None, None, 0))
+        return index
+
+    def on_batch(self, stream: Stream, seq: int, batch: EventBatch) -> None:
+        while len(self._batches) >= self._max_pending and not self._stop.is_set():
+            self._room.clear()
+            self._wake.set()
+            self._room.wait(0.1)
+        self._batches.append((stream.index, seq, batch))
+        if len(self._batches) >= self._flush_at:
+            self._wake.set()
+
+    def on_incident(
+        self,
+        stream: Stream,
+        kind: str,
+        first_seq: int | None = None,
+        last_seq: int | None = None,
+        recovered: int = 0,
+        lost: int = 0,
+        detail: str | None = None,
+    ) -> None:
+        self.add_incident(stream.index, kind, first_seq, last_seq, recovered, lost, detail)
+
+    def on_restart(self, stream: Stream, last_seq: int | None, seq: int, ts: float) -> None:
+        self.add_incident(stream.index, "restart", last_seq, seq, detail="sequence went backwards")
+        self._batches.append((stream.index, None, ts))
+
+    def add_incident(
+        self,
+        source: int,
+        kind: str,
+        first_seq: int | None = None,
+        last_seq: int | None = None,
+        recovered: int = 0,
+        lost: int = 0,
+        detail: str | None = None,
+    ) -> None:
+        self._incidents.append(
+            (source, now_ns(), kind, first_seq, last_seq, recovered, lost, detail)
+        )
+
+    def on_samples(self, rows: list[tuple]) -> None:
+        """One scrape's ``watch_metrics`` rows."""
+        self._metrics.append(rows)
+
+    @property
+    def queued(self) -> int:
+        return len(self._batches)
+
+    @property
+    def block_events(self) -> int:
+        """Block events converted to rows so far (stored and removed, one per hash)."""
+        return sum(a.block_events for a in list(self._attrs.values()))
+
+    @property
+    def rows_written(self) -> int:
+        return self._writer.rows_written
+
+    # --- the writer thread -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kvscope-watch-rec", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._flush_interval_s)
+            self._wake.clear()
+            self.flush()
+
+    def _take(self, queue: deque) -> list:
+        return [queue.popleft() for _ in range(len(queue))]
+
+    def flush(self) -> int:
+        """Write what is queued now; returns the number of block and raw rows."""
+        batch = WatchBatch(
+            sources=self._take(self._new_sources),
+            incidents=self._take(self._incidents),
+        )
+        for rows in self._take(self._metrics):
+            batch.metrics.extend(rows)
+        pending = self._take(self._batches)
+        self._room.set()
+        ts_ns = self.ts_ns
+        attrs = self._attrs
+        for index, seq, events in pending:
+            if isinstance(events, float):
+                stamp = ts_ns(events) - 1  # just before the new engine's first batch
+                batch.blocks.append((index, None, stamp, OP_RESET, None, None, None, None))
+            else:
+                stamp = ts_ns(events.ts)
+                batch_rows(index, seq, stamp, events, attrs[index], batch.blocks, batch.raw)
+        batch.counters = [self._counters(stream) for stream in list(self._streams.values())]
+        try:
+            self._writer.write(batch, self.dropped_rows)
+        except Exception as exc:  # a full disk must not kill the thread: count, log, go on
+            self.dropped_rows += len(batch.blocks) + len(batch.raw)
+            if self.error is None:
+                log.warning("kvscope watch: write failed, rows dropped: %s", exc)
+            self.error = exc
+            return 0
+        return len(batch.blocks) + len(batch.raw)
+
+    def _counters(self, stream: Stream) -> tuple:
+        attrs = self._attrs[stream.index]
+        return (
+            attrs.block_size,
+            stream.tracker.last,
+            stream.batches,
+            stream.events,
+            attrs.block_events,
+            stream.gaps,
+            stream.recovered_batches,
+            stream.lost_batches,
+            stream.restarts,
+            stream.disconnects,
+            stream.bad_messages,
+            attrs.as_json(),
+            stream.index,
+        )
+
+    def finish(self, status: str = COMPLETE) -> None:
+        """Drain the queues, mark the run ``status`` and close the database."""
+        if self._finished:
+            return
+        self._finished = True
+        self._stop.set()
+        self._wake.set()
+        self._room.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.flush()
+        self._writer.finish(status, self.dropped_rows)
+        self._db.conn.close()

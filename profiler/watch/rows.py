@@ -1,0 +1,106 @@
+"""Decoded batches as ``watch_blocks`` and ``watch_raw`` rows.
+
+One row per block hash: a BlockStored of n blocks chains them, so block i's
+parent is block i-1 and the first one's is the event's ``parent_block_hash``;
+the prefix tree is then a self-join on (block_hash, parent_hash). Token ids are
+not kept: a block's identity is its hash, its size is the source's block size.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any
+
+from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
+from profiler.watch.wire import (
+    ALL_BLOCKS_CLEARED,
+    BLOCK_REMOVED,
+    BLOCK_STORED,
+    KNOWN_FIELDS,
+    EventBatch,
+)
+
+
+@dataclass(slots=True)
+class SourceAttrs:
+    """What a source told us about itself along the way."""
+
+    block_size: int | None = None
+    spec_kinds: set[str] = field(default_factory=set)
+    lora_names: set[str] = field(default_factory=set)
+    media: set[str] = field(default_factory=set)
+    block_events: int = 0
+
+    def as_json(self) -> str:
+        return json.dumps(
+            {
+                "kv_cache_spec_kinds": sorted(self.spec_kinds),
+                "lora_names": sorted(self.lora_names),
+                "media": sorted(self.media),
+            }
+        )
+
+
+def _json_default(value: Any) -> Any:
+    return value.hex() if isinstance(value, bytes) else repr(value)
+
+
+def batch_rows(
+    source: int,
+    seq: int,
+    ts_ns: int,
+    batch: EventBatch,
+    attrs: SourceAttrs,
+    blocks: list[tuple],
+    raw: list[tuple],
+) -> None:
+    """Append ``batch``'s rows to ``blocks`` and ``raw``; note its attributes in ``attrs``."""
+    head = (source, seq, ts_ns)
+    for event in batch.events:
+        kind = event.type
+        if event.unknown or kind not in KNOWN_FIELDS:
+            payload = json.dumps(event.unknown, default=_json_default)
+            raw.append((*head, kind, payload))
+        if kind == BLOCK_STORED:
+            hashes = event.block_hashes
+            medium = event.medium
+            blocks.extend(
+                zip(
+                    repeat(source),
+                    repeat(seq),
+                    repeat(ts_ns),
+                    repeat(OP_STORED),
+                    hashes,
+                    [event.parent_block_hash, *hashes[:-1]],
+                    repeat(medium),
+                    repeat(event.group_idx),
+                )
+            )
+            attrs.block_events += len(hashes)
+            if event.block_size is not None:
+                attrs.block_size = event.block_size
+            if medium is not None:
+                attrs.media.add(medium)
+            if event.spec_kind is not None:
+                attrs.spec_kinds.add(event.spec_kind)
+            if event.lora_name is not None:
+                attrs.lora_names.add(event.lora_name)
+        elif kind == BLOCK_REMOVED:
+            hashes = event.block_hashes
+            blocks.extend(
+                zip(
+                    repeat(source),
+                    repeat(seq),
+                    repeat(ts_ns),
+                    repeat(OP_REMOVED),
+                    hashes,
+                    repeat(None),
+                    repeat(event.medium),
+                    repeat(event.group_idx),
+                )
+            )
+            attrs.block_events += len(hashes)
+        elif kind == ALL_BLOCKS_CLEARED:
+            blocks.append((*head, OP_CLEARED, None, None, None, None))

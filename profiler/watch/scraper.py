@@ -1,0 +1,85 @@
+"""Scrapes engines' Prometheus /metrics at an interval into the watch recorder.
+
+Only ``vllm:`` and ``sglang:`` samples are kept, and of histograms only
+``_sum`` and ``_count`` (enough for mean TTFT/ITL over any window; buckets
+would multiply the rows by ~20). A failed scrape is an incident, not an error:
+the engine may be restarting.
+"""
+
+from __future__ import annotations
+
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from engine.events import now_ns
+from profiler.watch.prom_text import label_text, parse
+
+PREFIXES = ("vllm:", "sglang:")
+TIMEOUT_S = 5.0
+
+
+def fetch_text(url: str, timeout_s: float = TIMEOUT_S) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return response.read().decode("utf-8", errors="replace")
+
+
+def sample_rows(source: int, ts_ns: int, text: str) -> list[tuple]:
+    """``watch_metrics`` rows for one scrape's text."""
+    return [
+        (source, ts_ns, s.name, label_text(s.labels), s.value)
+        for s in parse(text)
+        if s.name.startswith(PREFIXES) and not s.name.endswith(("_bucket", "_created"))
+    ]
+
+
+class Scraper:
+    """Scrapes each (source, url) every ``interval_s`` on one background thread."""
+
+    def __init__(
+        self,
+        targets: list[tuple[int, str]],
+        on_rows: Callable[[list[tuple]], None],
+        on_error: Callable[[int, str], None],
+        interval_s: float = 1.0,
+    ) -> None:
+        self._targets = targets
+        self._on_rows = on_rows
+        self._on_error = on_error
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing: set[int] = set()
+        self.scrapes = 0
+
+    def scrape_once(self) -> None:
+        for source, url in self._targets:
+            try:
+                rows = sample_rows(source, now_ns(), fetch_text(url))
+            except (OSError, ValueError, urllib.error.URLError) as exc:
+                # One incident per outage, not one per interval.
+                if source not in self._failing:
+                    self._failing.add(source)
+                    self._on_error(source, f"{url}: {exc}")
+                continue
+            self._failing.discard(source)
+            self.scrapes += 1
+            self._on_rows(rows)
+
+    def start(self) -> None:
+        if not self._targets:
+            return
+        self._thread = threading.Thread(target=self._run, name="kvscope-watch-scrape", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.scrape_once()
+            if self._stop.wait(self._interval_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -1,0 +1,86 @@
+"""What to watch: one event source per engine endpoint and data-parallel rank.
+
+vLLM and SGLang give data-parallel rank r the TCP port ``base + r`` (rank 0
+keeps the base) or, for ``ipc://``/``inproc://``, the suffix ``_dp{r}``; the
+replay endpoint follows the same rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import KvscopeError
+
+ENGINES = ("vllm", "sglang")
+_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """One event stream. ``listen`` means kvscope binds ``endpoint`` and engines
+    connect to it (vLLM's fan-in); the stream's DP rank then comes from the payload."""
+
+    endpoint: str
+    replay: str | None = None
+    topic: str = ""
+    dp_rank: int | None = None
+    engine: str = "vllm"
+    listen: bool = False
+
+
+def check_endpoint(endpoint: str, *, listen: bool = False) -> str:
+    """``endpoint`` if it is a ZMQ address kvscope can use; KvscopeError otherwise."""
+    if not endpoint.startswith(_SCHEMES):
+        raise KvscopeError(f"endpoint {endpoint!r} must start with tcp://, ipc:// or inproc://")
+    if endpoint.startswith("tcp://"):
+        host, sep, port = endpoint[len("tcp://") :].rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            raise KvscopeError(f"endpoint {endpoint!r} needs a host and a port")
+        if int(port) > 65535:
+            raise KvscopeError(f"endpoint {endpoint!r}: port out of range")
+        if listen and host in ("*", "0.0.0.0", "::", "[::]"):
+            return endpoint  # asked for explicitly: the user chose to listen beyond loopback
+    return endpoint
+
+
+def offset_endpoint(endpoint: str, rank: int) -> str:
+    """The endpoint data-parallel rank ``rank`` uses, by vLLM's and SGLang's rule."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_dp{rank}"
+    base, _, port = endpoint.rpartition(":")
+    if int(port) + rank > 65535:
+        raise KvscopeError(f"endpoint {endpoint!r}: port {int(port) + rank} of rank {rank} > 65535")
+    return f"{base}:{int(port) + rank}"
+
+
+def expand_sources(
+    endpoint: str,
+    *,
+    replay: str | None = None,
+    topic: str = "",
+    dp_size: int = 1,
+    engine: str = "vllm",
+    listen: bool = False,
+) -> list[SourceSpec]:
+    """One spec per data-parallel rank (one listening spec for ``listen``)."""
+    if engine not in ENGINES:
+        raise KvscopeError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if dp_size < 1:
+        raise KvscopeError(f"--dp-size must be at least 1, not {dp_size}")
+    check_endpoint(endpoint, listen=listen)
+    if replay is not None:
+        check_endpoint(replay)
+    if listen:
+        return [SourceSpec(endpoint, replay, topic, None, engine, listen=True)]
+    return [
+        SourceSpec(
+            offset_endpoint(endpoint, rank),
+            None if replay is None else offset_endpoint(replay, rank),
+            topic,
+            rank if dp_size > 1 else None,
+            engine,
+        )
+        for rank in range(dp_size)
+    ]

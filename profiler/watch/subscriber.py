@@ -1,0 +1,299 @@
+"""Subscribes to engines' KV-event streams and hands every batch on, in order.
+
+One background thread owns every ZMQ socket (ZMQ sockets are single-threaded):
+a SUB per source (or one bound SUB for ``--listen`` fan-in), a monitor per SUB
+for connects and disconnects, and a DEALER per replay endpoint. Each stream
+(source, and for a listening socket each DP rank seen) has a sequence tracker:
+a gap is filled from the replay buffer when there is one, what cannot be filled
+is counted as lost, and a sequence going backwards resets the stream. kvscope
+only ever reads, so it cannot slow an engine down unless it stops reading: when
+the sink is full this thread waits, ZMQ drops at its high-water mark, and the
+drop comes back as a gap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from engine.errors import KvscopeError
+from profiler.watch.sequence import SequenceTracker, Verdict
+from profiler.watch.sources import SourceSpec, offset_endpoint
+from profiler.watch.wire import (
+    REPLAY_END,
+    EventBatch,
+    decode_payload,
+    pack_seq,
+    parse_live,
+    parse_replay,
+)
+
+log = logging.getLogger(__name__)
+
+RECV_HWM = 100_000  # batches ZMQ may hold for us before the publisher drops
+REPLAY_TIMEOUT_S = 2.0
+POLL_MS = 100
+
+
+@dataclass(slots=True)
+class Stream:
+    """One engine's event stream and what happened on it so far."""
+
+    index: int  # the source's number within the watch run
+    spec: SourceSpec
+    dp_rank: int | None
+    tracker: SequenceTracker = field(default_factory=SequenceTracker)
+    batches: int = 0
+    events: int = 0
+    gaps: int = 0
+    recovered_batches: int = 0
+    lost_batches: int = 0
+    restarts: int = 0
+    disconnects: int = 0
+    bad_messages: int = 0
+
+
+class Sink(Protocol):
+    """Where streams' batches and incidents go (the watch recorder)."""
+
+    def next_source_index(self) -> int: ...
+
+    def new_stream(self, stream: Stream) -> None: ...
+
+    def on_batch(self, stream: Stream, seq: int, batch: EventBatch) -> None: ...
+
+    def on_restart(self, stream: Stream, last_seq: int | None, seq: int, ts: float) -> None:
+        """The engine behind ``stream`` restarted before its batch stamped ``ts``."""
+
+    def on_incident(
+        self,
+        stream: Stream,
+        kind: str,
+        first_seq: int | None = None,
+        last_seq: int | None = None,
+        recovered: int = 0,
+        lost: int = 0,
+        detail: str | None = None,
+    ) -> None: ...
+
+
+@dataclass(slots=True)
+class _Socket:
+    """A SUB socket and the streams it carries (one, or one per DP rank when listening)."""
+
+    spec: SourceSpec
+    sub: zmq.Socket
+    monitor: zmq.Socket
+    streams: dict[int | None, Stream]
+    replays: dict[str, zmq.Socket] = field(default_factory=dict)
+
+
+class Subscriber:
+    """Streams from ``specs`` into ``sink`` on a background thread until ``stop()``."""
+
+    def __init__(self, specs: list[SourceSpec], sink: Sink) -> None:
+        if not specs:
+            raise KvscopeError("nothing to watch: give at least one --source or --listen")
+        self._specs = specs
+        self._sink = sink
+        self._ctx = zmq.Context()
+        self._sockets: list[_Socket] = []
+        self._streams: list[Stream] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        try:
+            for spec in specs:
+                self._sockets.append(self._open(spec))
+        except KvscopeError:
+            self._close()
+            raise
+
+    @property
+    def streams(self) -> list[Stream]:
+        """Every stream seen, in order (kept after ``stop``)."""
+        return list(self._streams)
+
+    def _new_stream(self, spec: SourceSpec, dp_rank: int | None) -> Stream:
+        stream = Stream(self._sink.next_source_index(), spec, dp_rank)
+        self._streams.append(stream)
+        self._sink.new_stream(stream)
+        return stream
+
+    def _open(self, spec: SourceSpec) -> _Socket:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, RECV_HWM)
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
+        monitor = sub.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+        )
+        try:
+            if spec.listen:
+                sub.bind(spec.endpoint)
+            else:
+                sub.connect(spec.endpoint)
+        except zmq.ZMQError as exc:
+            sub.close(0)
+            monitor.close(0)
+            verb = "listen on" if spec.listen else "connect to"
+            raise KvscopeError(f"cannot {verb} {spec.endpoint}: {exc}") from None
+        stream = self._new_stream(spec, spec.dp_rank)
+        return _Socket(spec, sub, monitor, {spec.dp_rank: stream})
+
+    # --- the thread -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kvscope-watch-sub", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop reading and close every socket."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._close()
+
+    def _close(self) -> None:
+        for sock in self._sockets:
+            sock.sub.disable_monitor()
+            sock.monitor.close(0)
+            sock.sub.close(0)
+            for dealer in sock.replays.values():
+                dealer.close(0)
+        self._sockets = []
+        self._ctx.term()
+
+    def _run(self) -> None:
+        try:
+            poller = zmq.Poller()
+            owners: dict[zmq.Socket, tuple[_Socket, bool]] = {}
+            for sock in self._sockets:
+                poller.register(sock.sub, zmq.POLLIN)
+                poller.register(sock.monitor, zmq.POLLIN)
+                owners[sock.sub] = (sock, False)
+                owners[sock.monitor] = (sock, True)
+            while not self._stop.is_set():
+                for socket, _ in poller.poll(POLL_MS):
+                    sock, is_monitor = owners[socket]
+                    if is_monitor:
+                        self._on_monitor(sock)
+                    else:
+                        self._drain(sock)
+        except BaseException as exc:  # reported by the watch command, never silent
+            self.error = exc
+            log.exception("kvscope watch: subscriber stopped")
+
+    def _drain(self, sock: _Socket) -> None:
+        """Read what is queued on one SUB, up to a bound so other sources get their turn."""
+        for _ in range(1000):
+            try:
+                frames = sock.sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_frames(sock, frames)
+
+    def _on_monitor(self, sock: _Socket) -> None:
+        event = recv_monitor_message(sock.monitor)
+        kind = event["event"]
+        stream = sock.streams[sock.spec.dp_rank]
+        if kind == zmq.EVENT_DISCONNECTED:
+            stream.disconnects += 1
+            self._sink.on_incident(stream, "disconnected", detail=_text(event["endpoint"]))
+        else:
+            self._sink.on_incident(stream, "connected", detail=_text(event["endpoint"]))
+
+    def _stream_for(self, sock: _Socket, batch: EventBatch) -> Stream:
+        if not sock.spec.listen:
+            return sock.streams[sock.spec.dp_rank]
+        stream = sock.streams.get(batch.dp_rank)
+        if stream is None:
+            stream = sock.streams[batch.dp_rank] = self._new_stream(sock.spec, batch.dp_rank)
+        return stream
+
+    def _on_frames(self, sock: _Socket, frames: list[bytes]) -> None:
+        try:
+            message = parse_live(frames)
+            batch = decode_payload(message.payload)
+        except KvscopeError as exc:
+            stream = sock.streams[sock.spec.dp_rank]
+            stream.bad_messages += 1
+            self._sink.on_incident(stream, "bad_message", detail=str(exc))
+            return
+        stream = self._stream_for(sock, batch)
+        seq = message.seq
+        verdict = stream.tracker.classify(seq)
+        if verdict is Verdict.DUPLICATE:
+            return
+        if verdict is Verdict.RESTART:
+            stream.restarts += 1
+            self._sink.on_restart(stream, stream.tracker.last, seq, batch.ts)
+            stream.tracker.reset()
+            verdict = stream.tracker.classify(seq)
+        if verdict is Verdict.GAP:
+            self._fill_gap(sock, stream, stream.tracker.expected, seq)
+        self._deliver(stream, seq, batch)
+
+    def _deliver(self, stream: Stream, seq: int, batch: EventBatch) -> None:
+        stream.tracker.accept(seq)
+        stream.batches += 1
+        stream.events += len(batch.events)
+        self._sink.on_batch(stream, seq, batch)
+
+    # --- replay -------------------------------------------------------------------
+
+    def _fill_gap(self, sock: _Socket, stream: Stream, first: int, end: int) -> None:
+        """Ask the replay socket for batches [first, end); count what does not come back."""
+        stream.gaps += 1
+        endpoint = stream.spec.replay
+        if endpoint is not None and stream.spec.listen and stream.dp_rank:
+            endpoint = offset_endpoint(endpoint, stream.dp_rank)
+        got = 0
+        detail = "no replay endpoint"
+        if endpoint is not None:
+            try:
+                got = self._replay(sock, stream, endpoint, first, end)
+                detail = None if got == end - first else "replay buffer no longer holds them"
+            except KvscopeError as exc:
+                detail = str(exc)
+        lost = end - first - got
+        stream.recovered_batches += got
+        stream.lost_batches += lost
+        self._sink.on_incident(stream, "gap", first, end - 1, got, lost, detail)
+
+    def _replay(self, sock: _Socket, stream: Stream, endpoint: str, first: int, end: int) -> int:
+        dealer = sock.replays.get(endpoint)
+        if dealer is None:
+            dealer = sock.replays[endpoint] = self._ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(endpoint)
+        dealer.send_multipart([b"", pack_seq(first)])
+        got = 0
+        deadline = time.monotonic() + REPLAY_TIMEOUT_S
+        try:
+            while True:
+                if not dealer.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                    raise KvscopeError(f"replay from {endpoint} timed out")
+                message = parse_replay(dealer.recv_multipart())
+                if message.seq == REPLAY_END:
+                    return got
+                # Only the missing range: later batches are still on their way live.
+                if stream.tracker.expected <= message.seq < end:
+                    self._deliver(stream, message.seq, decode_payload(message.payload))
+                    got += 1
+        except KvscopeError:
+            # A late or unread answer must not be taken for the next one: start afresh.
+            dealer.close(0)
+            del sock.replays[endpoint]
+            raise
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

@@ -1,0 +1,208 @@
+"""The KV-cache event wire format that vLLM and SGLang publish over ZMQ.
+
+A live message is three frames: topic, an 8-byte big-endian sequence number
+and a msgpack payload ``[ts, events, dp_rank?]``. Events are maps with a
+``"type"`` key (vLLM >= 0.24, SGLang) or positional arrays with the type first
+(vLLM <= 0.23, trailing defaults omitted). Decoding never fails on what it does
+not know: unknown fields and event types are kept in ``KvEvent.unknown`` so the
+recorder can store them raw. Hashes become signed 64-bit (vLLM sends unsigned,
+SGLang signed), the only form SQLite can hold.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from engine.errors import KvscopeError
+
+BLOCK_STORED = "BlockStored"
+BLOCK_REMOVED = "BlockRemoved"
+ALL_BLOCKS_CLEARED = "AllBlocksCleared"
+
+# Field order of the positional (array_like msgspec) events, after the tag.
+POSITIONAL_FIELDS: dict[str, tuple[str, ...]] = {
+    BLOCK_STORED: (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+        "group_idx",
+        "kv_cache_spec_kind",
+        "kv_cache_spec_sliding_window",
+    ),
+    BLOCK_REMOVED: ("block_hashes", "medium", "group_idx"),
+    ALL_BLOCKS_CLEARED: (),
+}
+
+# Every documented field (vLLM 0.33, SGLang 0.5.23). Those not stored in columns
+# are summarised (see profiler.watch.rows) or, like token ids, deliberately not
+# kept: a block's identity is its hash and its parent.
+KNOWN_FIELDS: dict[str, frozenset[str]] = {
+    BLOCK_STORED: frozenset(
+        POSITIONAL_FIELDS[BLOCK_STORED]
+        + (
+            "type",
+            "locality",
+            "ownership",
+            "session_id",
+            "lookahead_token_ids",
+            "cache_salt",
+        )
+    ),
+    BLOCK_REMOVED: frozenset(POSITIONAL_FIELDS[BLOCK_REMOVED] + ("type", "locality", "ownership")),
+    ALL_BLOCKS_CLEARED: frozenset(("type",)),
+}
+
+_SEQ = struct.Struct(">Q")
+_SIGNED_SEQ = struct.Struct(">q")
+_TWO_64 = 1 << 64
+_MAX_INT64 = (1 << 63) - 1
+# The replay stream ends with this sequence number (8 signed bytes).
+REPLAY_END = -1
+
+
+def to_signed64(value: int) -> int:
+    """A 64-bit hash as SQLite can store it: unsigned values >= 2^63 wrap to negative."""
+    return value - _TWO_64 if value > _MAX_INT64 else value
+
+
+def to_unsigned64(value: int) -> int:
+    """The inverse of ``to_signed64``: the hash as vLLM printed it."""
+    return value + _TWO_64 if value < 0 else value
+
+
+def pack_seq(seq: int) -> bytes:
+    return _SEQ.pack(seq) if seq >= 0 else _SIGNED_SEQ.pack(seq)
+
+
+def unpack_seq(frame: bytes) -> int:
+    """An 8-byte big-endian sequence number; -1 (all ones) marks the end of a replay."""
+    if len(frame) != 8:
+        raise KvscopeError(f"sequence frame of {len(frame)} bytes, expected 8")
+    return _SIGNED_SEQ.unpack(frame)[0]
+
+
+@dataclass(slots=True)
+class KvEvent:
+    """One decoded event. ``unknown`` holds fields this decoder does not know
+    (for an unknown event type: all of them); empty for the usual events."""
+
+    type: str
+    block_hashes: list[int] = field(default_factory=list)  # signed 64-bit
+    parent_block_hash: int | None = None
+    block_size: int | None = None
+    medium: str | None = None
+    group_idx: int | None = None
+    lora_name: str | None = None
+    spec_kind: str | None = None
+    unknown: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class EventBatch:
+    """One scheduler step's events, as published."""
+
+    ts: float
+    events: list[KvEvent]
+    dp_rank: int | None = None
+
+
+def _signed_list(values: Any) -> list[int]:
+    if not isinstance(values, list):
+        raise KvscopeError(f"block_hashes is {type(values).__name__}, expected a list")
+    return [v - _TWO_64 if v > _MAX_INT64 else v for v in values]
+
+
+def _as_map(raw: Any) -> dict[str, Any]:
+    """An event as a field map, whichever shape it came in."""
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, list) and raw and isinstance(raw[0], str):
+        names = POSITIONAL_FIELDS.get(raw[0])
+        values = raw[1:]
+        if names is None:
+            return {"type": raw[0]} | {f"_{i}": v for i, v in enumerate(values, 1)}
+        fields = dict(zip(names, values, strict=False))  # trailing defaults omitted
+        fields["type"] = raw[0]
+        # Fields a newer publisher appended that this decoder has no name for.
+        for i in range(len(names), len(values)):
+            fields[f"_{i + 1}"] = values[i]
+        return fields
+    raise KvscopeError(f"event is {type(raw).__name__}, expected a map or a tagged array")
+
+
+def decode_event(raw: Any) -> KvEvent:
+    """One event from its msgpack-decoded form (map or positional)."""
+    fields = _as_map(raw)
+    kind = fields.get("type")
+    if not isinstance(kind, str):
+        raise KvscopeError("event without a string 'type'")
+    known = KNOWN_FIELDS.get(kind)
+    if known is None:
+        return KvEvent(kind, unknown={k: v for k, v in fields.items() if k != "type"})
+    unknown = {k: fields[k] for k in fields.keys() - known} if fields.keys() - known else {}
+    if kind == ALL_BLOCKS_CLEARED:
+        return KvEvent(kind, unknown=unknown)
+    parent = fields.get("parent_block_hash")
+    return KvEvent(
+        kind,
+        _signed_list(fields.get("block_hashes", [])),
+        None if parent is None else to_signed64(parent),
+        fields.get("block_size"),
+        fields.get("medium"),
+        fields.get("group_idx"),
+        fields.get("lora_name"),
+        fields.get("kv_cache_spec_kind"),
+        unknown,
+    )
+
+
+def decode_payload(payload: bytes) -> EventBatch:
+    """A batch from its msgpack bytes; raises KvscopeError for anything malformed."""
+    try:
+        outer = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise KvscopeError(f"payload is not msgpack: {exc}") from None
+    if not isinstance(outer, list) or len(outer) not in (2, 3):
+        raise KvscopeError("payload is not a [ts, events, dp_rank] batch")
+    ts, events = outer[0], outer[1]
+    if not isinstance(ts, (int, float)) or not isinstance(events, list):
+        raise KvscopeError("batch is not [float, list, ...]")
+    dp_rank = outer[2] if len(outer) == 3 else None
+    return EventBatch(float(ts), [decode_event(e) for e in events], dp_rank)
+
+
+@dataclass(slots=True)
+class Message:
+    """One live or replayed message: ``topic`` is None for 2-frame replay replies."""
+
+    topic: bytes | None
+    seq: int
+    payload: bytes
+
+
+def parse_live(frames: list[bytes]) -> Message:
+    """A PUB message: topic, seq, payload."""
+    if len(frames) != 3:
+        raise KvscopeError(f"live message of {len(frames)} frames, expected 3")
+    return Message(frames[0], unpack_seq(frames[1]), frames[2])
+
+
+def parse_replay(frames: list[bytes]) -> Message:
+    """A replay reply as a DEALER receives it: ``["", topic, seq, payload]`` (vLLM >=
+    0.26, SGLang) or ``["", seq, payload]`` (older vLLM)."""
+    if frames and frames[0] == b"":
+        frames = frames[1:]
+    if len(frames) == 3:
+        return Message(frames[0], unpack_seq(frames[1]), frames[2])
+    if len(frames) == 2:
+        return Message(None, unpack_seq(frames[0]), frames[1])
+    raise KvscopeError(f"replay reply of {len(frames)} frames, expected 2 or 3")

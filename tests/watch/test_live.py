@@ -1,0 +1,272 @@
+"""kvscope watch against publishers framing exactly as vLLM does, over real ZMQ sockets:
+ordering, replay of gaps, lost batches, restarts, reconnects, DP ranks, fan-in,
+/metrics scraping, and the database reconciled with what was sent."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from db import watch_queries as q
+from db.watch_schema import OP_REMOVED, OP_RESET, OP_STORED
+from profiler.watch.session import WatchSession
+from profiler.watch.sources import expand_sources
+from profiler.watch.wire import to_signed64
+from tests.watch.conftest import free_port, wait_until
+from tests.watch.payloads import vllm_removed, vllm_stored
+
+
+def _hashes(rng: random.Random, n: int) -> list[int]:
+    return [rng.getrandbits(64) for _ in range(n)]
+
+
+def _session(db: Path, specs, **kwargs) -> WatchSession:
+    return WatchSession(db, specs, **kwargs).start()
+
+
+def _rows(db: Path, sql: str, *args) -> list[tuple]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def test_records_what_was_sent(tmp_path: Path, publishers) -> None:
+    rng = random.Random(1)
+    pub = publishers(replay_endpoint="tcp://127.0.0.1:*", dp_rank=0)
+    session = _session(tmp_path / "w.db", expand_sources(pub.endpoint, replay=pub.replay_endpoint))
+    pub.wait_for_subscribers()
+    sent: list[tuple[int, int, int | None]] = []  # (op, hash, parent) in order
+    parent = None
+    for _ in range(50):
+        hashes = _hashes(rng, rng.randint(1, 5))
+        pub.publish([vllm_stored(hashes, parent)])
+        for h in hashes:
+            sent.append(
+                (OP_STORED, to_signed64(h), None if parent is None else to_signed64(parent))
+            )
+            parent = h
+        pub.publish([vllm_removed(hashes[:1])])
+        sent.append((OP_REMOVED, to_signed64(hashes[0]), None))
+    wait_until(lambda: session.status().batches == 100)
+    status = session.stop()
+    assert (status.gaps, status.lost_batches, status.restarts) == (0, 0, 0)
+    assert status.block_events == len(sent)
+    rows = _rows(
+        tmp_path / "w.db",
+        "SELECT op, block_hash, parent_hash, seq, medium FROM watch_blocks ORDER BY rowid",
+    )
+    assert [r[:3] for r in rows] == sent
+    assert [r[3] for r in rows] == sorted(r[3] for r in rows)  # in sequence order
+    assert {r[4] for r in rows} == {"GPU"}
+    ((kind, status_text, written),) = _rows(
+        tmp_path / "w.db", "SELECT kind, status, events_written FROM runs"
+    )
+    assert (kind, status_text, written) == ("watch", "complete", len(sent))
+    (src,) = q.watch_sources(tmp_path / "w.db", session.run_id)
+    assert (src.batches, src.last_seq, src.block_size, src.block_events) == (100, 99, 16, len(sent))
+
+
+@pytest.mark.parametrize("replay_frames", [3, 2])
+def test_gap_is_filled_from_the_replay_buffer(
+    tmp_path: Path, publishers, replay_frames: int
+) -> None:
+    pub = publishers(replay_endpoint="tcp://127.0.0.1:*", replay_frames=replay_frames)
+    session = _session(tmp_path / "w.db", expand_sources(pub.endpoint, replay=pub.replay_endpoint))
+    pub.wait_for_subscribers()
+    pub.publish([vllm_stored([1])])
+    pub.drop_next(3)
+    for h in range(2, 7):
+        pub.publish([vllm_stored([h], h - 1)])
+    wait_until(lambda: session.status().batches == 6)
+    status = session.stop()
+    assert (status.gaps, status.recovered_batches, status.lost_batches) == (1, 3, 0)
+    db = tmp_path / "w.db"
+    assert _rows(db, "SELECT seq, block_hash FROM watch_blocks ORDER BY rowid") == [
+        (s, s + 1) for s in range(6)
+    ]
+    gap = [i for i in q.incidents(db, session.run_id) if i.kind == "gap"]
+    assert [(i.first_seq, i.last_seq, i.recovered, i.lost) for i in gap] == [(1, 3, 3, 0)]
+
+
+def test_unrecovered_gaps_are_counted(tmp_path: Path, publishers) -> None:
+    no_replay = publishers()
+    small_buffer = publishers(replay_endpoint="tcp://127.0.0.1:*", buffer_steps=2)
+    specs = expand_sources(no_replay.endpoint) + expand_sources(
+        small_buffer.endpoint, replay=small_buffer.replay_endpoint
+    )
+    session = _session(tmp_path / "w.db", specs)
+    for pub in (no_replay, small_buffer):
+        pub.wait_for_subscribers()
+        pub.publish([vllm_stored([1])])
+        pub.drop_next(4)
+        for h in range(2, 7):
+            pub.publish([vllm_stored([h])])
+    # Each sent seqs 0 and 5 of 0-5. Without replay seqs 1-4 are lost; a 2-batch
+    # buffer still holds seqs 4 and 5, so only 4 comes back.
+    wait_until(lambda: session.status().batches == 2 + 3)
+    status = session.stop()
+    first, second = q.watch_sources(tmp_path / "w.db", session.run_id)
+    assert (first.gaps, first.recovered_batches, first.lost_batches) == (1, 0, 4)
+    assert (second.gaps, second.recovered_batches, second.lost_batches) == (1, 1, 3)
+    assert status.lost_batches == 7
+    details = [i.detail for i in q.incidents(tmp_path / "w.db", session.run_id) if i.kind == "gap"]
+    assert details == ["no replay endpoint", "replay buffer no longer holds them"]
+
+
+def test_restart_resets_the_source(tmp_path: Path, publishers) -> None:
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    first = publishers(f"tcp://*:{port}")
+    db = tmp_path / "w.db"
+    session = _session(db, expand_sources(endpoint))
+    first.wait_for_subscribers()
+    for h in range(5):
+        first.publish([vllm_stored([10 + h])])
+    wait_until(lambda: session.status().batches == 5)
+    first.close()
+    wait_until(lambda: session.status().disconnects == 1)
+    second = publishers(f"tcp://*:{port}")  # the engine came back: seq from 0 again
+    second.wait_for_subscribers()
+    second.publish([vllm_stored([99])])
+    second.publish([vllm_stored([100], 99)])
+    wait_until(lambda: session.status().batches == 7)
+    status = session.stop()
+    assert status.restarts == 1
+    ops = _rows(db, "SELECT op, block_hash FROM watch_blocks ORDER BY rowid")
+    assert ops == [(OP_STORED, 10 + h) for h in range(5)] + [
+        (OP_RESET, None),
+        (OP_STORED, 99),
+        (OP_STORED, 100),
+    ]
+    kinds = [i.kind for i in q.incidents(db, session.run_id)]
+    assert kinds.count("restart") == 1 and "disconnected" in kinds
+    assert kinds.count("connected") == 2
+    (stats,) = q.block_stats(q.replay(db, session.run_id))
+    assert stats.resets == 1 and stats.cached == {"GPU": 2}  # the old engine's 5 are gone
+
+
+def test_eight_dp_ranks_over_ipc(tmp_path: Path, publishers) -> None:
+    base = f"ipc://{tmp_path}/kv"
+    specs = expand_sources(base, dp_size=8)
+    pubs = [publishers(spec.endpoint, dp_rank=spec.dp_rank) for spec in specs]
+    session = _session(tmp_path / "w.db", specs)
+    for rank, pub in enumerate(pubs):
+        pub.wait_for_subscribers()
+        for i in range(rank + 1):
+            pub.publish([vllm_stored([1000 * rank + i])])
+    wait_until(lambda: session.status().batches == sum(range(1, 9)))
+    session.stop()
+    sources = q.watch_sources(tmp_path / "w.db", session.run_id)
+    assert [(s.dp_rank, s.batches, s.endpoint) for s in sources] == [
+        (r, r + 1, base if r == 0 else f"{base}_dp{r}") for r in range(8)
+    ]
+
+
+def test_listen_fan_in_splits_streams_by_dp_rank(tmp_path: Path, publishers) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    session = _session(tmp_path / "w.db", expand_sources(endpoint, listen=True))
+    # vLLM connects (no wildcard in the endpoint) to the listening kvscope.
+    pubs = [publishers(endpoint, dp_rank=rank) for rank in (0, 1)]
+    for rank, pub in enumerate(pubs):
+        pub.wait_for_subscribers()
+        for i in range(3 + rank):
+            pub.publish([vllm_stored([100 * rank + i])])
+    wait_until(lambda: session.status().batches == 7)
+    status = session.stop()
+    assert status.gaps == 0 and status.restarts == 0  # two seq 0..n streams, not one mess
+    sources = q.watch_sources(tmp_path / "w.db", session.run_id)
+    assert [(s.dp_rank, s.batches, s.listen) for s in sources] == [
+        (None, 0, True),  # the listening socket itself
+        (0, 3, True),
+        (1, 4, True),
+    ]
+
+
+class _Metrics:
+    """A /metrics endpoint whose counters move by fixed steps per scrape."""
+
+    def __init__(self) -> None:
+        self.scrapes = 0
+
+    def text(self) -> str:
+        n = self.scrapes
+        self.scrapes += 1
+        return (
+            "# TYPE vllm:prefix_cache_queries_total counter\n"
+            f'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {100.0 * n}\n'
+            f'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {25.0 * n}\n'
+            f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {0.1 * (n % 5)}\n'
+            f'vllm:num_requests_running{{engine="0",model_name="m"}} {n}\n'
+            f'vllm:time_to_first_token_seconds_sum{{engine="0",model_name="m"}} {0.2 * n}\n'
+            f'vllm:time_to_first_token_seconds_count{{engine="0",model_name="m"}} {4.0 * n}\n'
+        )
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[tuple[str, _Metrics]]:
+    metrics = _Metrics()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = metrics.text().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/metrics", metrics
+    server.shutdown()
+    server.server_close()
+
+
+def test_metrics_scraped_and_hit_rate_from_counters(
+    tmp_path: Path, publishers, metrics_server
+) -> None:
+    url, metrics = metrics_server
+    pub = publishers()
+    session = _session(
+        tmp_path / "w.db", expand_sources(pub.endpoint), metrics_urls=(url,), scrape_interval_s=0.02
+    )
+    wait_until(lambda: session.status().scrapes >= 5)
+    session.stop()
+    db = tmp_path / "w.db"
+    (series,) = q.engine_series(db, session.run_id)
+    assert series.engine == "vllm" and series.usage_level == "blocks"
+    scrapes = len(series.running)
+    assert scrapes >= 5 and [p.value for p in series.running] == list(range(scrapes))
+    assert [p.value for p in series.hit_rate] == [0.25] * (scrapes - 1)
+    assert [round(p.value, 9) for p in series.ttft_mean_s] == [0.05] * (scrapes - 1)
+    assert [round(p.value, 9) for p in series.usage] == [
+        round(0.1 * (n % 5), 9) for n in range(scrapes)
+    ]
+
+
+def test_failed_scrape_is_an_incident(tmp_path: Path, publishers) -> None:
+    pub = publishers()
+    url = f"http://127.0.0.1:{free_port()}/metrics"  # nothing listens there
+    session = _session(
+        tmp_path / "w.db", expand_sources(pub.endpoint), metrics_urls=(url,), scrape_interval_s=0.02
+    )
+    wait_until(lambda: any(i.kind == "scrape_error" for i in _incidents_now(session)))
+    session.stop()
+    errors = [i for i in q.incidents(tmp_path / "w.db", session.run_id) if i.kind == "scrape_error"]
+    assert len(errors) == 1 and url in errors[0].detail  # one per outage, not per try
+
+
+def _incidents_now(session: WatchSession) -> list:
+    session.recorder.flush()
+    return q.incidents(session.recorder._db, session.run_id)

@@ -1,0 +1,89 @@
+"""Endpoints per data-parallel rank, endpoint checks, sequence verdicts, SGLang discovery."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import KvscopeError
+from profiler.watch.discovery import sources_from_info
+from profiler.watch.sequence import SequenceTracker, Verdict
+from profiler.watch.sources import expand_sources
+
+
+def test_tcp_ranks_take_base_port_plus_rank() -> None:
+    specs = expand_sources(
+        "tcp://10.0.0.5:5557", replay="tcp://10.0.0.5:5600", dp_size=3, topic="kv"
+    )
+    assert [(s.endpoint, s.replay, s.dp_rank, s.topic) for s in specs] == [
+        ("tcp://10.0.0.5:5557", "tcp://10.0.0.5:5600", 0, "kv"),
+        ("tcp://10.0.0.5:5558", "tcp://10.0.0.5:5601", 1, "kv"),
+        ("tcp://10.0.0.5:5559", "tcp://10.0.0.5:5602", 2, "kv"),
+    ]
+    assert expand_sources("tcp://h:5557")[0].dp_rank is None  # no DP: no rank
+
+
+def test_ipc_ranks_take_a_suffix() -> None:
+    specs = expand_sources("ipc:///tmp/kv", dp_size=2, engine="sglang")
+    assert [s.endpoint for s in specs] == ["ipc:///tmp/kv", "ipc:///tmp/kv_dp1"]
+    assert {s.engine for s in specs} == {"sglang"}
+
+
+def test_listen_is_one_spec_whose_ranks_come_from_payloads() -> None:
+    (spec,) = expand_sources("tcp://127.0.0.1:5557", dp_size=4, listen=True)
+    assert spec.listen and spec.dp_rank is None
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "message"),
+    [
+        ("http://h:1", "must start with"),
+        ("tcp://h", "needs a host and a port"),
+        ("tcp://:5557", "needs a host and a port"),
+        ("tcp://h:70000", "out of range"),
+    ],
+)
+def test_bad_endpoints(endpoint: str, message: str) -> None:
+    with pytest.raises(KvscopeError, match=message):
+        expand_sources(endpoint)
+
+
+def test_bad_engine_dp_size_and_port_overflow() -> None:
+    with pytest.raises(KvscopeError, match="engine must be"):
+        expand_sources("tcp://h:1", engine="trt")
+    with pytest.raises(KvscopeError, match="at least 1"):
+        expand_sources("tcp://h:1", dp_size=0)
+    with pytest.raises(KvscopeError, match="> 65535"):
+        expand_sources("tcp://h:65535", dp_size=2)
+
+
+def test_sequence_verdicts() -> None:
+    t = SequenceTracker()
+    assert t.classify(7) is Verdict.NEXT  # joining mid-stream is not a gap
+    t.accept(7)
+    assert t.classify(8) is Verdict.NEXT
+    assert t.classify(10) is Verdict.GAP and t.expected == 8
+    assert t.classify(7) is Verdict.DUPLICATE
+    assert t.classify(3) is Verdict.RESTART
+    t.reset()
+    assert t.expected == 0
+    assert t.classify(0) is Verdict.NEXT and t.classify(2) is Verdict.GAP
+
+
+def test_sglang_server_info_discovery() -> None:
+    info = {
+        "kv_events": {
+            "endpoint_host": "*",
+            "endpoint_port_base": 6000,
+            "topic": "kv",
+            "block_size": 16,
+            "dp_size": 2,
+            "replay_endpoint_port_base": 6100,
+        }
+    }
+    specs = sources_from_info("http://node7:30000/server_info", info)
+    assert [(s.endpoint, s.replay, s.dp_rank, s.engine, s.topic) for s in specs] == [
+        ("tcp://node7:6000", "tcp://node7:6100", 0, "sglang", "kv"),
+        ("tcp://node7:6001", "tcp://node7:6101", 1, "sglang", "kv"),
+    ]
+    with pytest.raises(KvscopeError, match="advertises no kv_events"):
+        sources_from_info("http://h/server_info", {"model_path": "x"})

