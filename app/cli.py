@@ -15,7 +15,7 @@ import sys
 from engine.errors import KvscopeError
 
 # Order is the order shown in --help.
-COMMANDS = ("run", "generate", "info", "calc", "simulate", "runs", "tui", "dash", "report")
+COMMANDS = ("run", "generate", "info", "calc", "simulate", "runs", "tui", "dash", "report", "watch")
 
 
 def build_parser() -> argparse.ArgumentParser:
