@@ -15,7 +15,19 @@ import sys
 from engine.errors import KvscopeError
 
 # Order is the order shown in --help.
-COMMANDS = ("run", "generate", "info", "calc", "simulate", "runs", "tui", "dash", "report", "watch")
+COMMANDS = (
+    "run",
+    "generate",
+    "info",
+    "calc",
+    "simulate",
+    "runs",
+    "tui",
+    "dash",
+    "report",
+    "watch",
+    "eval",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,13 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"app.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"app.commands.{name}":
-                continue  # command not built yet
-            raise
-        module.register(sub)
+        # No try/except: a command module that fails to import is a packaging
+        # error, and must surface as its real traceback, not as a missing command.
+        importlib.import_module(f"app.commands.{name}").register(sub)
     return parser
 
 

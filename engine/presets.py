@@ -19,13 +19,20 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Device:
-    """An accelerator's memory and speeds. GB/s and TFLOP/s are decimal (1e9, 1e12)."""
+    """An accelerator's memory and speeds. GB/s and TFLOP/s are decimal (1e9, 1e12).
+
+    ``fp16_tflops`` is the dense (no sparsity) 16-bit tensor peak, which is the
+    same for fp16 and bf16 on every device listed. ``nvml_names`` are the names
+    the driver reports (``nvidia-smi``, NVML, ``torch.cuda.get_device_name``), so
+    a profiler finds the row for the GPU it runs on.
+    """
 
     name: str
     memory_gib: float
     fp16_tflops: float
     hbm_gbps: float
     pcie_gbps: float
+    nvml_names: tuple[str, ...] = ()
 
 
 MODELS: dict[str, ModelConfig] = {
@@ -102,16 +109,19 @@ MODELS: dict[str, ModelConfig] = {
 }
 
 # memory_gib is what nvidia-smi reports as total (81559 MiB on an H100 SXM, not 80 GiB).
-# PCIe is one direction of an x16 link: Gen4 32 GB/s, Gen5 64 GB/s.
+# PCIe is one direction of an x16 link: Gen4 32 GB/s, Gen5 64 GB/s. Peaks are
+# NVIDIA's datasheet figures for dense bf16 tensor math and memory bandwidth.
 DEVICES: dict[str, Device] = {
     d.name: d
     for d in (
-        Device("a100-40", 40.0, 312, 1555, 32),
-        Device("a100-80", 80.0, 312, 2039, 32),
-        Device("h100-80", 79.65, 989, 3350, 64),
-        Device("h200-141", 140.4, 989, 4800, 64),
-        Device("l4", 22.49, 121, 300, 32),
-        Device("rtx-4090", 23.99, 165, 1008, 32),
+        Device("a100-40", 40.0, 312, 1555, 32, ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB")),
+        Device("a100-80", 80.0, 312, 2039, 32, ("NVIDIA A100-SXM4-80GB",)),
+        Device("a100-80-pcie", 80.0, 312, 1935, 32, ("NVIDIA A100 80GB PCIe",)),
+        Device("h100-80", 79.65, 989, 3350, 64, ("NVIDIA H100 80GB HBM3",)),
+        Device("h100-pcie", 79.65, 756, 2000, 64, ("NVIDIA H100 PCIe",)),
+        Device("h200-141", 140.4, 989, 4800, 64, ("NVIDIA H200",)),
+        Device("l4", 22.49, 121, 300, 32, ("NVIDIA L4",)),
+        Device("rtx-4090", 23.99, 165, 1008, 32, ("NVIDIA GeForce RTX 4090",)),
         # The 2-core dev machine: its RAM; a bf16 GEMM at n=2048 (fp16 GEMMs are
         # not accelerated there: 0.26 GFLOP/s); a 1 GiB memcpy, which also stands
         # in for "PCIe" because an offload tier on a CPU is more RAM.
@@ -138,5 +148,10 @@ def model_preset(name: str) -> ModelConfig:
 
 
 def device_preset(name: str) -> Device:
-    """The device called ``name``, e.g. ``h100-80``, ``RTX 4090`` or ``cpu``."""
+    """The device called ``name``, e.g. ``h100-80``, ``RTX 4090``, ``cpu``, or its
+    NVML name (``NVIDIA H100 80GB HBM3``)."""
+    wanted = _key(name)
+    for device in DEVICES.values():
+        if wanted in (_key(n) for n in device.nvml_names):
+            return device
     return _lookup(DEVICES, name, "device")

@@ -160,9 +160,47 @@ def weight_bytes(params: int, weight_dtype: str = "fp16") -> float:
         ) from None
 
 
-def avg_tokens_held(input_tokens: int, output_tokens: int) -> float:
-    """Tokens a request holds on average over its life: decode grows from 0 to output."""
-    return input_tokens + output_tokens / 2
+@dataclass(frozen=True, slots=True)
+class Residency:
+    """How much of a request's KV stays on the device: ``fraction`` of its tokens, at most ``tokens``.
+
+    The default keeps everything resident. InfLLM keeps attention sinks, a local
+    window and the retrieved blocks resident and the rest of the history in the
+    host tier, so a request never holds more than its resident budget.
+    """
+
+    tokens: float | None = None
+    fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.tokens is not None and self.tokens <= 0:
+            raise KvscopeError(f"resident tokens must be positive, got {self.tokens}")
+        if not 0 < self.fraction <= 1:
+            raise KvscopeError(f"resident fraction must be in (0, 1], got {self.fraction}")
+
+
+FULL = Residency()
+
+
+def avg_tokens_held(
+    input_tokens: float, output_tokens: float, residency: Residency = FULL
+) -> float:
+    """Tokens a request holds resident on average over its life.
+
+    Its context grows from ``input_tokens`` to ``input_tokens + output_tokens`` during
+    decode, so with everything resident it holds input + output/2. A resident cap
+    N (``fraction`` f) holds min(f x context, N) = f x min(context, N/f): the
+    average rises with the context until the cap, then stays flat.
+    """
+    f = residency.fraction
+    cap = math.inf if residency.tokens is None else residency.tokens / f
+    end = input_tokens + output_tokens
+    if cap >= end:
+        return f * (input_tokens + output_tokens / 2)
+    if cap <= input_tokens or output_tokens == 0:
+        return f * cap
+    rise = cap - input_tokens  # decode tokens before the cap is reached
+    return f * (rise * (input_tokens + cap) / 2 + (end - cap) * cap) / output_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,3 +268,90 @@ def reload_cost(
         recompute_s=2 * params / (tflops * 1e12),
         load_s=kv_bytes_per_token / (pcie_gbps * 1e9),
     )
+
+
+def compute_bound_batch(
+    tflops: float, hbm_gbps: float, weight_bytes_per_param: float = 2.0
+) -> float:
+    """The decode batch at which a device stops waiting on its memory: its ridge point.
+
+    A decode step reads every weight once and spends 2 FLOPs on it per sequence
+    in the batch, so its arithmetic intensity is 2B / (bytes per parameter)
+    FLOP/byte; it is compute-bound once that reaches FLOP/s over bytes/s. With
+    16-bit weights B = FLOP/s / bytes/s: about 1,000 TFLOP/s over 3 TB/s is 333.
+    The KV cache reads of attention are left out, as in the seed note's model.
+    """
+    return tflops * 1e12 / (hbm_gbps * 1e9) * weight_bytes_per_param / 2
+
+
+@dataclass(frozen=True, slots=True)
+class ContextShape:
+    """How a context of L tokens splits into prompt and output: the prompt is ``input_share`` of it."""
+
+    input_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.input_share <= 1:
+            raise KvscopeError(
+                f"the prompt's share of a context must be in (0, 1], got {self.input_share}"
+            )
+
+    @classmethod
+    def of(cls, input_tokens: int, output_tokens: int) -> ContextShape:
+        return cls(input_tokens / (input_tokens + output_tokens))
+
+    def avg_tokens_held(self, context_len: float, residency: Residency = FULL) -> float:
+        prompt = context_len * self.input_share
+        return avg_tokens_held(prompt, context_len - prompt, residency)
+
+
+def batch_at_context(
+    budget_bytes: float,
+    bytes_per_token: float,
+    context_len: float,
+    shape: ContextShape,
+    residency: Residency = FULL,
+) -> int:
+    """The average batch a KV budget holds when every request grows to ``context_len`` tokens."""
+    return math.floor(
+        budget_bytes / (bytes_per_token * shape.avg_tokens_held(context_len, residency))
+    )
+
+
+# Past this many tokens of context a batch that has not fallen never will: only a
+# resident cap keeps it up, and that cap is reached long before.
+_CLIFF_SEARCH_LIMIT = 1 << 40
+
+
+def cliff_context(
+    budget_bytes: float,
+    bytes_per_token: float,
+    needed_batch: float,
+    shape: ContextShape,
+    residency: Residency = FULL,
+) -> int | None:
+    """The longest context at which the KV budget still holds ``needed_batch`` requests.
+
+    One token longer and the batch the budget allows falls below what keeps the
+    device compute-bound: the throughput cliff. 0 when even a 1-token context is
+    short of the batch; None when the batch never falls below it (a resident cap
+    that holds enough requests at any length).
+    """
+
+    def enough(context_len: int) -> bool:
+        return (
+            batch_at_context(budget_bytes, bytes_per_token, context_len, shape, residency)
+            >= needed_batch
+        )
+
+    if not enough(1):
+        return 0
+    low, high = 1, 2
+    while enough(high):
+        if high >= _CLIFF_SEARCH_LIMIT:
+            return None
+        low, high = high, high * 2
+    while high - low > 1:  # enough(low) and not enough(high)
+        mid = (low + high) // 2
+        low, high = (mid, high) if enough(mid) else (low, mid)
+    return low

@@ -130,13 +130,17 @@ def test_calc_reads_a_hugging_face_config(capsys, tmp_path):
         (["calc", "--device", "h100-80"], "name one model"),
         (["calc", "--preset", "llama3-8b", "--layers", "3"], "name one model"),
         (["calc", "--preset", "llama9"], "unknown model preset 'llama9'"),
-        (["calc", "--preset", "llama3-8b"], "name a device"),
+        (["calc", "cliff", "--preset", "llama3-8b"], "the cliff needs a device"),
+        (
+            ["calc", "cliff", "--preset", "llama3-8b", "--memory-gib", "80"],
+            "--tflops and --hbm-gbps",
+        ),
         (["calc", "--preset", "llama3-8b", "--device", "tpu"], "unknown device 'tpu'"),
         (["calc", "--layers", "2", "--kv-heads", "2", "--head-dim", "8"], "also needs --q-heads"),
         (
             ["calc", "--layers", "2", "--q-heads", "4", "--kv-heads", "2", "--head-dim", "8"]
             + ["--device", "l4"],
-            "parameter count is unknown",
+            "the KV budget needs the weights' size",
         ),
         (["calc", "--preset", "llama3-8b", "--device", "l4", "--batch", "2"], "--batch needs"),
         (["calc", "--config", "/nonexistent/config.json", "--device", "l4"], "no config.json"),
@@ -146,6 +150,107 @@ def test_calc_reads_a_hugging_face_config(capsys, tmp_path):
 )
 def test_calc_bad_input_is_one_clear_line(capsys, argv, message):
     assert message in run_error(capsys, *argv)
+
+
+def test_pure_size_question_needs_no_device_nor_parameter_count(capsys):
+    shape = ("--layers", "80", "--q-heads", "64", "--kv-heads", "64", "--head-dim", "128")
+    r = run_json(capsys, "calc", *shape, "--seq-len", "4096", "--batch", "16")
+    assert r["kv_bytes_total"] == 160 * GIB
+    assert r["kv_bytes_per_token"] == 2 * 64 * 128 * 80 * 2
+    assert r["device"] is None and "kv_budget_bytes" not in r and "max_avg_batch" not in r
+    assert r["by_kv_dtype"]["fp8_e4m3"]["kv_bytes_per_token"] == r["kv_bytes_per_token"] / 2
+    assert main(["calc", *shape, "--seq-len", "4096", "--batch", "16"]) == 0
+    out = capsys.readouterr().out
+    total = next(row for row in out.splitlines() if row.startswith("KV for 16 x 4,096 tokens"))
+    assert total.split()[-2:] == ["160", "GiB"]
+    assert "add --device NAME" in out and "max average batch" not in out
+
+
+def test_preset_without_device_gives_bytes_per_token_and_per_request(capsys):
+    r = run_json(capsys, "calc", "--preset", "llama3-8b")
+    assert r["kv_bytes_per_token"] == 131_072 and r["kv_bytes_per_request"] == 192 << 20
+    assert r["by_kv_heads"]["MHA"] == {
+        "kv_heads": 32,
+        "kv_bytes_per_token": 524_288,
+        "kv_bytes_per_request": 768 << 20,
+    }
+
+
+SEED_H100 = ("--memory-gib", "80", "--weights-gib", "16", "--overhead-gib", "0")
+SEED_SPEEDS = ("--tflops", "1000", "--hbm-gbps", "3000")
+
+
+def test_cliff_with_the_seed_notes_round_h100_figures(capsys):
+    r = run_json(
+        capsys,
+        "calc",
+        "cliff",
+        "--preset",
+        "llama3-8b",
+        "--device",
+        "h100-80",
+        *SEED_H100,
+        *SEED_SPEEDS,
+    )
+    assert r["kv_budget_bytes"] == 64 * GIB
+    assert round(r["compute_bound_batch"]) == 333
+    fp16, fp8 = r["scenarios"]["fp16 KV"], r["scenarios"]["fp8_e4m3 KV"]
+    assert fp16["batch_at_input_output"] == 341 and fp8["batch_at_input_output"] == 682
+    assert fp16["cliff_context_len"] == 2092
+    assert fp8["cliff_context_len"] == 4185
+    assert fp16["batches"][r["contexts"].index(2048)] == 341
+
+
+def test_cliff_with_the_presets_own_h100_figures(capsys):
+    r = run_json(capsys, "calc", "cliff", "--preset", "llama3-8b", "--device", "h100-80")
+    assert r["tflops"] == 989 and r["hbm_gbps"] == 3350
+    assert r["compute_bound_batch"] == pytest.approx(989e12 / 3350e9)  # 295
+    assert r["kv_budget_bytes"] == round(79.65 * GIB) - 2 * 8_030_261_248 - 1.5 * GIB
+    fp16 = r["scenarios"]["fp16 KV"]
+    assert fp16["batch_at_input_output"] == 337
+    # 63.19 GiB / 128 KiB = 517,632 tokens over 296 requests of 0.75 L tokens
+    assert fp16["cliff_context_len"] == 2331
+    assert r["contexts"] == [1 << p for p in range(10, 18)]
+    assert main(["calc", "cliff", "--preset", "llama3-8b", "--device", "h100-80"]) == 0
+    out = capsys.readouterr().out
+    assert "989 TFLOP/s / 3,350 GB/s = 295" in out
+    cliff_row = next(row for row in out.splitlines() if row.startswith("cliff at"))
+    assert cliff_row.split()[2:] == ["2,331", "4,663"]
+
+
+def test_cliff_with_an_infllm_resident_budget_and_int4_kv(capsys):
+    argv = ["calc", "cliff", "--preset", "llama3-8b", "--device", "h100-80", *SEED_H100]
+    r = run_json(capsys, *argv, *SEED_SPEEDS, "--kv-dtype", "int4", "--resident-tokens", "1024")
+    assert list(r["scenarios"]) == [
+        "fp16 KV",
+        "int4 KV",
+        "fp16 KV, InfLLM 1,024 resident",
+        "int4 KV, InfLLM 1,024 resident",
+    ]
+    infllm = r["scenarios"]["fp16 KV, InfLLM 1,024 resident"]
+    assert infllm["cliff_context_len"] is None  # 512 requests of 1,024 tokens at any length
+    assert infllm["batches"][-1] == 512
+    quarter = run_json(capsys, *argv, *SEED_SPEEDS, "--resident-tokens", "25%")
+    assert quarter["scenarios"]["fp16 KV, InfLLM 25% resident"]["batch_at_input_output"] == 1365
+
+
+def test_cliff_flags_before_the_subcommand_carry_over_and_a_plot_is_written(capsys, tmp_path):
+    target = tmp_path / "cliff.html"
+    argv = ["calc", "--preset", "llama3-8b", *SEED_H100, "cliff", *SEED_SPEEDS]
+    r = run_json(capsys, *argv, "--max-context", "8192", "--plot", str(target))
+    assert r["kv_budget_bytes"] == 64 * GIB and r["contexts"] == [1024, 2048, 4096, 8192]
+    html = target.read_text()
+    assert (
+        "plotly" in html.lower() and "cliff at 2,092" in html and "compute-bound batch 333" in html
+    )
+
+
+@pytest.mark.parametrize("value", ["x", "0", "150%"])
+def test_cliff_rejects_a_resident_budget_that_is_not_a_count_or_a_fraction(capsys, value):
+    with pytest.raises(SystemExit) as exit_:
+        main(["calc", "cliff", "--preset", "llama3-8b", "--resident-tokens", value])
+    assert exit_.value.code == 2
+    assert "argument --resident-tokens" in capsys.readouterr().err
 
 
 def test_calc_reports_when_weights_do_not_fit(capsys):

@@ -130,3 +130,24 @@ def test_unwritable_db(capsys, tmp_path):
     code, _, err = run_cli(capsys, "run", "--headless", "--requests", "1", "--db", str(not_sqlite))
     assert code == 2
     assert_one_line_error(err)
+
+
+def test_a_command_module_that_fails_to_import_raises_its_real_error(monkeypatch, tmp_path):
+    import app.cli
+    import app.commands
+
+    (tmp_path / "broken.py").write_text("import kvscope_no_such_dependency\n")
+    monkeypatch.setattr(app.commands, "__path__", [*app.commands.__path__, str(tmp_path)])
+    monkeypatch.setattr(app.cli, "COMMANDS", (*app.cli.COMMANDS, "broken"))
+    with pytest.raises(ModuleNotFoundError) as exc:
+        app.cli.build_parser()
+    assert exc.value.name == "kvscope_no_such_dependency"
+
+
+def test_a_listed_command_without_a_module_is_not_skipped(monkeypatch):
+    import app.cli
+
+    monkeypatch.setattr(app.cli, "COMMANDS", (*app.cli.COMMANDS, "ghost"))
+    with pytest.raises(ModuleNotFoundError) as exc:
+        app.cli.build_parser()
+    assert exc.value.name == "app.commands.ghost"

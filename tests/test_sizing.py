@@ -13,9 +13,14 @@ from engine.presets import DEVICES, MODELS, device_preset, model_preset
 from engine.sizing import (
     GIB,
     MIB,
+    ContextShape,
     MemoryBudget,
     ModelShape,
+    Residency,
     avg_tokens_held,
+    batch_at_context,
+    cliff_context,
+    compute_bound_batch,
     kv_bytes_per_token,
     kv_capacity,
     reload_cost,
@@ -171,3 +176,78 @@ def test_the_real_smollm2_gguf_matches_its_preset():
     assert dataclasses.replace(shape, name="smollm2-135m") == ModelShape.from_config(
         MODELS["smollm2-135m"]
     )
+
+
+@pytest.mark.parametrize(
+    "nvml_name, preset",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100-80"),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("NVIDIA H200", "h200-141"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80"),
+        ("NVIDIA A100 80GB PCIe", "a100-80-pcie"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+    ],
+)
+def test_devices_are_found_by_the_name_nvml_reports(nvml_name, preset):
+    assert device_preset(nvml_name) is DEVICES[preset]
+
+
+def test_every_gpu_preset_has_an_nvml_name_and_datasheet_peaks():
+    for device in DEVICES.values():
+        assert device.name == "cpu" or device.nvml_names, device.name
+    h100, h200 = DEVICES["h100-80"], DEVICES["h200-141"]
+    assert (h100.fp16_tflops, h100.hbm_gbps) == (989, 3350)
+    assert (h200.fp16_tflops, h200.hbm_gbps) == (989, 4800)
+
+
+# The seed note's round H100 figures: 80 GiB, 16 GiB of weights, no overhead,
+# about 1,000 TFLOP/s over 3 TB/s.
+SEED_BUDGET = MemoryBudget(80 * GIB, 16 * GIB, overhead_bytes=0).kv_bytes
+HALF_AND_HALF = ContextShape.of(1024, 1024)
+
+
+def test_compute_bound_batch_is_flops_over_bandwidth_for_16_bit_weights():
+    assert compute_bound_batch(1000, 3000) == pytest.approx(1000 / 3)
+    assert compute_bound_batch(989, 3350) == pytest.approx(295.22, abs=0.01)
+    # int8 weights halve the bytes read per FLOP: half the batch is compute-bound
+    assert compute_bound_batch(1000, 3000, weight_bytes_per_param=1) == pytest.approx(500 / 3)
+
+
+def test_seed_h100_batch_at_1024_plus_1024_and_the_cliff_just_past_it():
+    per_token = LLAMA3_8B.bytes_per_token("fp16")
+    assert batch_at_context(SEED_BUDGET, per_token, 2048, HALF_AND_HALF) == 341
+    needed = compute_bound_batch(1000, 3000)
+    cliff = cliff_context(SEED_BUDGET, per_token, needed, HALF_AND_HALF)
+    # 64 GiB / 128 KiB = 524,288 tokens; 334 requests hold 0.75 L tokens each
+    assert cliff == 2092
+    assert batch_at_context(SEED_BUDGET, per_token, cliff, HALF_AND_HALF) == 334
+    assert batch_at_context(SEED_BUDGET, per_token, cliff + 1, HALF_AND_HALF) == 333 < needed
+    fp8 = cliff_context(SEED_BUDGET, LLAMA3_8B.bytes_per_token("fp8_e4m3"), needed, HALF_AND_HALF)
+    assert fp8 == pytest.approx(2 * cliff, abs=2)  # half the bytes, twice the context
+
+
+def test_cliff_is_zero_when_no_context_fits_the_batch_and_none_when_a_resident_cap_holds_it():
+    per_token = LLAMA3_8B.bytes_per_token("fp16")
+    assert cliff_context(GIB, per_token, 20_000, HALF_AND_HALF) == 0  # 8,192 tokens
+    # 1,024 resident tokens each: 524,288 / 1,024 = 512 requests at any length
+    capped = Residency(tokens=1024)
+    assert cliff_context(SEED_BUDGET, per_token, 333.3, HALF_AND_HALF, capped) is None
+    assert batch_at_context(SEED_BUDGET, per_token, 1 << 20, HALF_AND_HALF, capped) == 512
+    quarter = Residency(fraction=0.25)
+    assert cliff_context(SEED_BUDGET, per_token, 333.3, HALF_AND_HALF, quarter) == pytest.approx(
+        4 * 2092, abs=4
+    )
+
+
+def test_avg_resident_tokens_rise_with_the_context_then_stay_at_the_cap():
+    assert avg_tokens_held(1024, 1024, Residency(tokens=4096)) == 1536  # cap never reached
+    assert avg_tokens_held(1024, 1024, Residency(tokens=512)) == 512  # reached during prefill
+    # cap 1,536: decode rises from 1,024 to 1,536 over 512 tokens (mean 1,280), then holds
+    assert avg_tokens_held(1024, 1024, Residency(tokens=1536)) == (512 * 1280 + 512 * 1536) / 1024
+    assert avg_tokens_held(1024, 1024, Residency(fraction=0.5)) == 768
+    assert avg_tokens_held(1024, 1024, Residency(tokens=512, fraction=0.25)) == 384
+    with pytest.raises(KvscopeError, match="resident fraction"):
+        Residency(fraction=1.5)

@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.commands.calc import format_table, human_bytes, non_negative, positive, positive_int
+from app.output_format import format_table, human_bytes
+from app.sizing_args import non_negative, positive, positive_int
 from engine.alloc_sim import (
     Allocator,
     DoublingAllocator,

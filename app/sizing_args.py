@@ -1,0 +1,240 @@
+"""The flags that name a model, a device and a memory budget, shared by ``kvscope calc``'s questions.
+
+Each question asks only for what its answer needs: bytes per token need a
+model's shape; a KV budget needs a device (or ``--memory-gib``) and then the
+weights' size; the cliff also needs the device's FLOP/s and bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import Any
+
+from app.output_format import GIB
+from engine.errors import KvscopeError
+from engine.presets import DEVICES, MODELS, Device, device_preset, model_preset
+from engine.sizing import (
+    KV_FORMATS,
+    WEIGHT_BYTES_PER_PARAM,
+    MemoryBudget,
+    ModelShape,
+    Residency,
+    weight_bytes,
+)
+
+OVERHEAD_NOTE = "CUDA context, cuBLAS workspace and NCCL buffers cost 1-2 GiB"
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def parse_count(text: str) -> int:
+    """A parameter count: ``8030261248``, ``8e9``, ``8B``, ``135M``."""
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}.get(text[-1:].upper(), 1)
+    try:
+        value = float(text[:-1] if scale != 1 else text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r} (try 8e9 or 8B)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return round(value)
+
+
+def parse_residency(text: str) -> Residency:
+    """``--resident-tokens``: a token count (``2048``) or a share of the context (``0.25``, ``25%``)."""
+    try:
+        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a token count or a fraction: {text!r}") from None
+    if value <= 0 or (text.endswith("%") and value > 1):
+        raise argparse.ArgumentTypeError(f"must be a positive count or a fraction, got {text}")
+    return Residency(fraction=value) if value < 1 else Residency(tokens=value)
+
+
+def add_model_options(
+    parser: argparse.ArgumentParser, *, kv_width: bool, kv_dtype_help: str
+) -> None:
+    group = parser.add_argument_group("model (one of: a preset, a file, or an explicit shape)")
+    group.add_argument("--preset", help=f"model preset: {', '.join(MODELS)}")
+    group.add_argument("--config", metavar="CONFIG_JSON", help="a Hugging Face config.json")
+    group.add_argument("--gguf", metavar="FILE", help="a GGUF model file (metadata only)")
+    group.add_argument("--layers", type=positive_int)
+    group.add_argument("--q-heads", type=positive_int, help="query (attention) heads")
+    group.add_argument("--kv-heads", type=positive_int)
+    group.add_argument("--head-dim", type=positive_int)
+    if kv_width:
+        group.add_argument(
+            "--kv-width",
+            type=positive_int,
+            help="kv_heads x head_dim (D_model / GQA group), instead of --kv-heads/--head-dim",
+        )
+    group.add_argument(
+        "--params", type=parse_count, help="parameter count (8e9, 8B, 135M); overrides the model's"
+    )
+    parser.add_argument("--kv-dtype", "--dtype", choices=list(KV_FORMATS), help=kv_dtype_help)
+    parser.add_argument("--device", help=f"device preset: {', '.join(DEVICES)}")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_budget_options(parser: argparse.ArgumentParser) -> None:
+    """What the KV budget is made of, and the workload that divides it (defaults: on ``calc``)."""
+    group = parser.add_argument_group("memory budget (needs --device or --memory-gib)")
+    group.add_argument("--memory-gib", type=positive, help="device memory (overrides --device)")
+    group.add_argument("--weights-gib", type=non_negative, help="weights' size (overrides 2P)")
+    group.add_argument(
+        "--weight-dtype",
+        choices=list(WEIGHT_BYTES_PER_PARAM),
+        help="weights' format: fp16/bf16 2P bytes, int8 P, int4 P/2 (default fp16)",
+    )
+    group.add_argument(
+        "--overhead-gib",
+        type=non_negative,
+        help=f"framework overhead (default 1.5; {OVERHEAD_NOTE})",
+    )
+    group.add_argument(
+        "--activation-gib",
+        type=non_negative,
+        help="activation reserve for the largest forward pass (default 0)",
+    )
+    parser.add_argument("--input-tokens", type=positive_int, help="prompt tokens (default 1024)")
+    parser.add_argument("--output-tokens", type=positive_int, help="output tokens (default 1024)")
+
+
+# Defaults live on ``calc`` only: its subcommands parse with SUPPRESS, so flags
+# given before the subcommand's name (kvscope calc --preset X cliff) keep their values.
+CALC_DEFAULTS = {
+    "kv_dtype": None,
+    "weight_dtype": "fp16",
+    "overhead_gib": 1.5,
+    "activation_gib": 0.0,
+    "input_tokens": 1024,
+    "output_tokens": 1024,
+}
+
+
+def resolve_model(args: argparse.Namespace) -> ModelShape:
+    """The model the flags name: one of a preset, a config.json, a GGUF, or an explicit shape."""
+    shape_flags = ("layers", "q_heads", "kv_heads", "head_dim", "kv_width")
+    explicit = [f for f in shape_flags if getattr(args, f, None) is not None]
+    sources = [s for s in ("preset", "config", "gguf") if getattr(args, s)]
+    if len(sources) + bool(explicit) != 1:
+        raise KvscopeError(
+            "name one model: --preset NAME, --config FILE, --gguf FILE, or "
+            "--layers N --q-heads N --kv-heads N --head-dim N"
+        )
+    if args.preset:
+        shape = ModelShape.from_config(model_preset(args.preset))
+    elif args.config:
+        shape = ModelShape.from_hf_config(args.config)
+    elif args.gguf:
+        shape = ModelShape.from_gguf(args.gguf)
+    else:
+        shape = _explicit_shape(args)
+    return replace(shape, params=args.params) if args.params else shape
+
+
+def _explicit_shape(args: argparse.Namespace) -> ModelShape:
+    width = getattr(args, "kv_width", None)
+    if width is not None:
+        if args.kv_heads is not None or args.head_dim is not None:
+            raise KvscopeError("give --kv-width or --kv-heads with --head-dim, not both")
+        kv_heads, head_dim = 1, width
+    else:
+        kv_heads, head_dim = args.kv_heads, args.head_dim
+    q_heads = args.q_heads if width is None else args.q_heads or kv_heads
+    missing = [
+        flag
+        for flag, value in (
+            ("--layers", args.layers),
+            ("--q-heads", q_heads),
+            ("--kv-heads", kv_heads),
+            ("--head-dim", head_dim),
+        )
+        if value is None
+    ]
+    if missing:
+        raise KvscopeError(f"an explicit model shape also needs {' '.join(missing)}")
+    return ModelShape("custom", args.layers, q_heads, kv_heads, head_dim)
+
+
+def device_arg(args: argparse.Namespace) -> Device | None:
+    return device_preset(args.device) if args.device else None
+
+
+def memory_budget(
+    args: argparse.Namespace, shape: ModelShape, *, needed_for: str | None = None
+) -> MemoryBudget | None:
+    """The device's memory less weights, overhead and activations.
+
+    None when no device is named and the question (``needed_for`` is None) does
+    not need one; the weights are asked for only once a device is.
+    """
+    device = device_arg(args)
+    memory_gib = args.memory_gib or (device.memory_gib if device else None)
+    if memory_gib is None:
+        if needed_for is None:
+            return None
+        raise KvscopeError(f"{needed_for} needs a device: --device NAME or --memory-gib N")
+    if args.weights_gib is not None:
+        weights = args.weights_gib * GIB
+    elif shape.params:
+        weights = weight_bytes(shape.params, args.weight_dtype)
+    else:
+        raise KvscopeError(
+            "the KV budget needs the weights' size: the model's parameter count is unknown, "
+            "give --params or --weights-gib"
+        )
+    return MemoryBudget(
+        memory_bytes=round(memory_gib * GIB),
+        weight_bytes=round(weights),
+        overhead_bytes=round(args.overhead_gib * GIB),
+        activation_bytes=round(args.activation_gib * GIB),
+    )
+
+
+def budget_figures(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, Any]:
+    device = device_arg(args)
+    return {
+        "device": device.name if device else None,
+        "memory_bytes": budget.memory_bytes,
+        "weight_dtype": None if args.weights_gib is not None else args.weight_dtype,
+        "weights_bytes": budget.weight_bytes,
+        "overhead_bytes": budget.overhead_bytes,
+        "activation_bytes": budget.activation_bytes,
+        "kv_budget_bytes": budget.kv_bytes,
+        "fits": budget.spare_bytes > 0,
+    }
+
+
+def gib_text(n: float) -> str:
+    return f"{n / GIB:,.2f}"
+
+
+def memory_rows(r: dict[str, Any]) -> list[list[str]]:
+    weights = f"weights ({r['weight_dtype']})" if r["weight_dtype"] else "weights"
+    return [
+        ["device memory", gib_text(r["memory_bytes"]), ""],
+        [f"- {weights}", gib_text(r["weights_bytes"]), ""],
+        ["- framework overhead", gib_text(r["overhead_bytes"]), OVERHEAD_NOTE],
+        ["- activation reserve", gib_text(r["activation_bytes"]), ""],
+        ["= KV budget", gib_text(r["kv_budget_bytes"]), "" if r["fits"] else "does not fit"],
+    ]
