@@ -22,9 +22,9 @@ from pathlib import Path
 
 import common  # sets the import path
 
-from app.dashboard import data
 from app.dashboard.screenshots import DEMO_CONFIG
 from app.dashboard.server import create_app
+from db.queries import fingerprint, reader
 from profiler.recorder import Recorder
 from profiler.synthetic import SyntheticRun
 
@@ -52,7 +52,7 @@ def record(path: Path, events: int) -> int:
 
 def big_run(path: Path, events: int) -> int:
     if path.exists():
-        with data.reader(path) as db:
+        with reader(path) as db:
             row = db.execute(
                 "SELECT id FROM runs WHERE events_written >= ? ORDER BY id DESC", (events,)
             ).fetchone()
@@ -86,8 +86,8 @@ def main() -> None:
 
     started = time.perf_counter()
     run_id = big_run(args.db, args.events)
-    with data.reader(args.db) as db:
-        version = data.version(db, run_id)
+    with reader(args.db) as db:
+        version = fingerprint(db, run_id)
         info = db.execute("SELECT events_written FROM runs WHERE id = ?", (run_id,)).fetchone()
         (requests,) = db.execute(
             "SELECT COUNT(*) FROM requests WHERE run_id = ?", (run_id,)

@@ -7,11 +7,15 @@ the run-status vocabulary, so both sides agree on one spelling.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
+from engine.events import Event, GpuSample, KernelTiming, StepSummary
+
 # PRAGMA application_id marks a file as a kvscope database ("kvsc" in ASCII).
 APPLICATION_ID = 0x6B767363
 
 # Run status as stored. INCOMPLETE is never stored: readers derive it from a
-# 'running' row whose writer is gone (see db.queries.resolve_status).
+# 'running' row whose writer is gone (see db.runs.resolve_status).
 RUNNING = "running"
 COMPLETE = "complete"
 INTERRUPTED = "interrupted"
@@ -19,37 +23,16 @@ FAILED = "failed"
 INCOMPLETE = "incomplete"
 FINAL_STATUSES = (COMPLETE, INTERRUPTED, FAILED)
 
-# Column orders of the typed tables after ``run_id``; the names equal the
-# fields of the engine event each row comes from.
-STEP_COLUMNS = (
-    "step",
-    "ts_ns",
-    "batch_size",
-    "prefill_tokens",
-    "decode_tokens",
-    "running",
-    "waiting",
-    "pages_total",
-    "pages_used",
-    "pages_cached",
-    "pages_free",
-    "page_size",
-    "tokens_held",
-    "host_pages_used",
-    "duration_s",
-)
-KERNEL_COLUMNS = ("ts_ns", "step", "name", "shape", "seconds", "flops", "bytes")
-GPU_COLUMNS = (
-    "ts_ns",
-    "step",
-    "device",
-    "utilization_pct",
-    "memory_used_bytes",
-    "memory_total_bytes",
-    "power_w",
-    "sm_clock_mhz",
-    "torch_allocated_bytes",
-)
+
+# Column orders of the typed tables after ``run_id``: the fields of the engine
+# event each row comes from, read off the event class so there is one list.
+def _event_columns(cls: type[Event]) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+STEP_COLUMNS = ("step", "ts_ns", *_event_columns(StepSummary)[2:])
+KERNEL_COLUMNS = _event_columns(KernelTiming)
+GPU_COLUMNS = _event_columns(GpuSample)
 PAGE_MAP_COLUMNS = (
     "ts_ns",
     "step",

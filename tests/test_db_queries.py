@@ -14,6 +14,7 @@ import pytest
 
 from db import queries
 from db.schema import COMPLETE, INCOMPLETE, RUNNING
+from db.source import run_origin
 from engine.errors import KvscopeError
 from engine.events import PAGE_FREE, PageMap, PagesAllocated, PagesFreed, StepSummary
 from profiler.recorder import Recorder
@@ -45,7 +46,7 @@ def test_run_summary_equals_the_runs_own_counters(recorded) -> None:
     assert s.steps == truth.steps
     assert s.dropped_events == 0
     steps = [e for e in run.events if isinstance(e, StepSummary)]
-    elapsed = (steps[-1].ts_ns - queries._run_origin(_conn(path), run_id)) / 1e9
+    elapsed = (steps[-1].ts_ns - run_origin(_conn(path), run_id)) / 1e9
     assert s.elapsed_s == pytest.approx(elapsed)
     assert s.tokens_per_s == pytest.approx(truth.output_tokens / elapsed)
     assert s.peak_page_usage == pytest.approx(max(e.pages_used / e.pages_total for e in steps))

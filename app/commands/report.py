@@ -44,10 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.dashboard.data import choose_run, reader
     from app.report.html import build_html
     from app.report.tables import write_csv, write_json
     from app.report.trace import build_trace
+    from db.queries import choose_run, reader
 
     with reader(args.db or default_db_path()) as db:
         run_id = choose_run(db, args.run)

@@ -21,7 +21,8 @@ import plotly.graph_objects as go
 from dash import Dash, Input, Output, Patch, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
-from app.dashboard import data, figures, layout
+from app.dashboard import figures, layout, table_filter
+from db import queries
 from db.queries import (
     RunInfo,
     compare_runs,
@@ -99,9 +100,9 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _percent_of(achieved: float | None, peak: float | None) -> float | None:
-    """Against the same peaks the roofline draws (the device, else its preset)."""
-    return round(100 * achieved / peak, 2) if achieved is not None and peak else None
+def _percent(fraction: float | None) -> float | None:
+    """A share of the device's peak (db.kernels.device_peaks, as the roofline draws) in %."""
+    return None if fraction is None else round(100 * fraction, 2)
 
 
 def register(app: Dash, db_path: Path) -> None:
@@ -112,7 +113,7 @@ def register(app: Dash, db_path: Path) -> None:
         """A query's result while the run is unchanged (``fingerprint``: the
         version store), shared by the pages: switching page, paging, filtering
         and sorting a big run do not query again. Results are never mutated."""
-        with data.reader(db_path) as db:
+        with queries.reader(db_path) as db:
             return query(db, run_id, *args)
 
     def cached(query: Callable[..., Any], run_id: int, version: dict | None, *args: Any) -> Any:
@@ -126,7 +127,7 @@ def register(app: Dash, db_path: Path) -> None:
         State("run", "value"),
     )
     def refresh_runs(_: int, options: list | None, chosen: int | None) -> tuple:
-        with data.reader(db_path) as db:
+        with queries.reader(db_path) as db:
             runs = list_runs(db)
         fresh = [{"label": run_label(r), "value": r.run_id} for r in runs]
         if not any(r.run_id == chosen for r in runs):
@@ -145,8 +146,8 @@ def register(app: Dash, db_path: Path) -> None:
         State("version", "data"),
     )
     def refresh_version(_: int, run_id: int | None, old: dict | None) -> Any:
-        with data.reader(db_path) as db:
-            new = data.version(db, run_id)
+        with queries.reader(db_path) as db:
+            new = queries.fingerprint(db, run_id)
         return no_update if new == old else new
 
     @app.callback(
@@ -216,8 +217,8 @@ def register(app: Dash, db_path: Path) -> None:
     def prefix_cache(version: dict | None, run_id: int | None) -> tuple:
         run_id = _run(run_id)
         points = cached(step_series, run_id, version, MAX_POINTS)
-        with data.reader(db_path) as db:
-            sources = data.cached_sources(db, run_id, points)
+        with queries.reader(db_path) as db:
+            sources = queries.cached_sources(db, run_id, points)
         return (
             _live(figures.hit_rate_figure(points), run_id),
             _live(figures.cached_sources_figure(sources), run_id),
@@ -233,9 +234,9 @@ def register(app: Dash, db_path: Path) -> None:
     )
     def eviction(_: dict | None, run_id: int | None) -> tuple:
         run_id = _run(run_id)
-        with data.reader(db_path) as db:
-            counts = data.event_counts(db, run_id)
-            costs = data.transfer_costs(db, run_info(db, run_id))
+        with queries.reader(db_path) as db:
+            counts = queries.event_counts(db, run_id)
+            costs = queries.transfer_costs(db, run_info(db, run_id))
             latest = event_timeline(db, run_id, limit=LATEST_EVENTS)
         rows = [
             {
@@ -267,9 +268,9 @@ def register(app: Dash, db_path: Path) -> None:
     )
     def kernels(_: dict | None, run_id: int | None) -> tuple:
         run_id = _run(run_id)
-        with data.reader(db_path) as db:
+        with queries.reader(db_path) as db:
             stats = kernel_stats(db, run_id)
-            peaks = data.device_peaks(run_info(db, run_id))
+            peaks = queries.device_peaks(run_info(db, run_id))
         rows = [
             {
                 "name": s.name,
@@ -278,8 +279,8 @@ def register(app: Dash, db_path: Path) -> None:
                 "mean_ms": round(s.mean_s * 1e3, 4),
                 "tflops": _round(s.tflops, 4),
                 "gbps": _round(s.gbps, 2),
-                "peak_tflops_pct": _percent_of(s.tflops, peaks.tflops),
-                "peak_gbps_pct": _percent_of(s.gbps, peaks.gbps),
+                "peak_tflops_pct": _percent(s.peak_tflops_frac),
+                "peak_gbps_pct": _percent(s.peak_gbps_frac),
             }
             for s in stats
         ]
@@ -298,7 +299,7 @@ def register(app: Dash, db_path: Path) -> None:
     )
     def gpu(_: dict | None, run_id: int | None) -> tuple:
         run_id = _run(run_id)
-        with data.reader(db_path) as db:
+        with queries.reader(db_path) as db:
             points = gpu_series(db, run_id, MAX_POINTS)
         note = None if points else layout.message("No GPU in this run: nothing was sampled.")
         return note, _live(figures.gpu_figure(points), run_id)
@@ -317,12 +318,12 @@ def register(app: Dash, db_path: Path) -> None:
         version: dict | None, page: int, size: int, query: str, sort_by: list, run_id: int | None
     ) -> tuple:
         run_id = _run(run_id)
-        rows = data.filter_requests(cached(requests_table, run_id, version), query, sort_by)
+        rows = table_filter.filter_requests(cached(requests_table, run_id, version), query, sort_by)
         page = page or 0
         shown = [
             {
                 k: round(v, 4) if isinstance(v, float) else v
-                for k, v in data.request_record(row).items()
+                for k, v in table_filter.request_record(row).items()
             }
             for row in rows[page * size : (page + 1) * size]
         ]
@@ -339,8 +340,8 @@ def register(app: Dash, db_path: Path) -> None:
         if not selected:
             return figures.request_figure(None)
         try:
-            with data.reader(db_path) as db:
-                trace = data.request_trace(db, run_id, int(selected[0]))
+            with queries.reader(db_path) as db:
+                trace = queries.request_trace(db, run_id, int(selected[0]))
         except KvscopeError:
             trace = None  # a row of another run, chosen before the run changed
         return _live(figures.request_figure(trace), (run_id, selected[0]))
@@ -352,7 +353,7 @@ def register(app: Dash, db_path: Path) -> None:
         State("compare-runs", "value"),
     )
     def compare_choices(version: dict | None, chosen: list | None) -> tuple:
-        with data.reader(db_path) as db:
+        with queries.reader(db_path) as db:
             runs = list_runs(db)
         options = [{"label": run_label(r), "value": r.run_id} for r in runs]
         return options, no_update if chosen else [r.run_id for r in runs[:2]]
@@ -371,7 +372,7 @@ def register(app: Dash, db_path: Path) -> None:
     )
     def compare(chosen: list | None, _: dict | None) -> tuple:
         run_ids = list(dict.fromkeys(int(r) for r in chosen or []))
-        with data.reader(db_path) as db:
+        with queries.reader(db_path) as db:
             comparison = compare_runs(db, run_ids)
             series = {f"#{r}": step_series(db, r, COMPARE_POINTS) for r in run_ids}
         labels = list(series)

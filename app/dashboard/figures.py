@@ -15,8 +15,11 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.dashboard.data import CachedSources, DevicePeaks, EventCounts, RequestTrace, TransferCost
+from db.events import EventCounts
+from db.kernels import DevicePeaks, TransferCost
 from db.queries import GpuPoint, KernelStat, PageMatrix, RunSummary, StepPoint
+from db.requests import RequestTrace
+from db.series import CachedSources
 from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
 
 FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"

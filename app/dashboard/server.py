@@ -17,7 +17,8 @@ from pathlib import Path
 from dash import Dash
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
-from app.dashboard import callbacks, data, layout
+from app.dashboard import callbacks, layout
+from db.source import reader
 from engine.errors import KvscopeError
 
 ASSETS = Path(__file__).with_name("assets")
@@ -31,7 +32,7 @@ def create_app(db_path: str | os.PathLike[str], refresh_ms: int = 2000) -> Dash:
     works with no network access.
     """
     db_path = Path(db_path)
-    with data.reader(db_path):  # fail now, in one line, not on the first page load
+    with reader(db_path):  # fail now, in one line, not on the first page load
         pass
     app = Dash(
         __name__,

@@ -16,8 +16,9 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from sqlite_utils import Database
 
-from app.dashboard import data, figures
+from app.dashboard import figures
 from app.dashboard.server import ASSETS
+from db import queries
 from db.queries import (
     gpu_series,
     kernel_stats,
@@ -45,11 +46,11 @@ def report_figures(db: Database, run_id: int) -> list[tuple[go.Figure, bool]]:
         (figures.usage_figure(points), False),
         (figures.fragmentation_figure(points), False),
         (figures.hit_rate_figure(points), False),
-        (figures.cached_sources_figure(data.cached_sources(db, run_id, points)), False),
-        (figures.event_counts_figure(data.event_counts(db, run_id)), False),
-        (figures.transfer_cost_figure(data.transfer_costs(db, info)), False),
+        (figures.cached_sources_figure(queries.cached_sources(db, run_id, points)), False),
+        (figures.event_counts_figure(queries.event_counts(db, run_id)), False),
+        (figures.transfer_cost_figure(queries.transfer_costs(db, info)), False),
         (figures.kernel_time_figure(stats), False),
-        (figures.roofline_figure(stats, data.device_peaks(info)), False),
+        (figures.roofline_figure(stats, queries.device_peaks(info)), False),
         (figures.queue_figure(points), True),
     ]
     if gpu:

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from app.dashboard import data
+from db import queries
 from db.formulas import KernelStat, RunSummary
 from db.queries import RequestRow, kernel_stats, requests_table, run_info, run_summary
 
@@ -37,7 +37,7 @@ def run_tables(db: Database, run_id: int) -> dict[str, Table]:
         "kernel_stats": _dataclass_table(KernelStat, kernel_stats(db, run_id)),
     }
     for name in ("steps", "kernels", "gpu_samples", "events"):
-        tables[name] = data.raw_rows(db, run_id, name)
+        tables[name] = queries.raw_rows(db, run_id, name)
     return tables
 
 

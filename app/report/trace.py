@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from app.dashboard import data
+from db import queries
 from db.queries import event_timeline, run_info, step_series
 
 KERNELS_PID, REQUESTS_PID, ENGINE_PID = 1, 2, 3
@@ -51,7 +51,7 @@ def _slice(name: str, pid: int, tid: int, start_ns: int, end_ns: int, **args: An
 
 def _kernel_events(db: Database, run_id: int) -> list[dict]:
     """Kernel timings are stamped when they end: a slice runs ``seconds`` before it."""
-    columns, rows = data.raw_rows(db, run_id, "kernels")
+    columns, rows = queries.raw_rows(db, run_id, "kernels")
     tracks: dict[str, int] = {}
     events = []
     for row in rows:
@@ -82,9 +82,9 @@ def _kernel_events(db: Database, run_id: int) -> list[dict]:
 def _request_events(db: Database, run_id: int) -> list[dict]:
     """A request's slice spans arrival to finish (or the last step while unfinished);
     its phases are children that share its endpoints exactly (integer ns)."""
-    run_end = data.last_step_ns(db, run_id) or 0
+    run_end = queries.last_step_ns(db, run_id) or 0
     events = [_meta(REQUESTS_PID, "requests")]
-    for r in data.request_times(db, run_id):
+    for r in queries.request_times(db, run_id):
         if r.arrival_ns is None:
             continue
         if r.finished_ns is not None:

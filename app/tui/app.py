@@ -11,7 +11,6 @@ watching, attaching and replaying.
 
 from __future__ import annotations
 
-import bisect
 import sqlite3
 import threading
 import time
@@ -280,7 +279,7 @@ class KvscopeApp(App[None]):
         self._read_note = ""
         if first:
             self.call_after_refresh(self._start_budget)
-            self.speed = default_speed(view.timeline.end_s)
+            self.speed = default_speed(view.steps.end_s)
             if not self.follow:
                 self.position_s = view.t_s
         for panel in self.query(Panel):
@@ -350,12 +349,12 @@ class KvscopeApp(App[None]):
         else:
             timeline.mode = "paused"
         timeline.speed = self.speed
-        timeline.end_s = view.timeline.end_s
+        timeline.end_s = view.steps.end_s
         timeline.position_s = view.t_s if self.follow else (self.position_s or 0.0)
         if view.row is None:
             timeline.step_label = "no step recorded yet"
         else:
-            timeline.step_label = f"step {view.row.step} ({view.index + 1}/{len(view.timeline)})"
+            timeline.step_label = f"step {view.row.step} ({view.index + 1}/{len(view.steps)})"
 
     def _show_runbar(self) -> None:
         text = Text.assemble((" kvscope ", "bold #1c1f26 on #5e9fd0"))
@@ -419,7 +418,7 @@ class KvscopeApp(App[None]):
 
     def _seek(self, t_s: float) -> None:
         """Show the step at ``t_s`` and stay there (pauses playback and following)."""
-        end = self.view.timeline.end_s if self.view else 0.0
+        end = self.view.steps.end_s if self.view else 0.0
         self.follow = False
         self.playing = False
         self.position_s = min(max(t_s, 0.0), end)
@@ -429,16 +428,15 @@ class KvscopeApp(App[None]):
     def show_step(self, step: int) -> None:
         """Pause the replay at ``step`` (or the last recorded step before it): for
         scripts, such as the screenshot generator."""
-        if self.view is not None and self.view.timeline:
-            timeline = self.view.timeline
-            index = max(0, bisect.bisect_right(timeline.steps, step) - 1)
-            self._seek(timeline.t_s[index])
+        if self.view is not None and self.view.steps:
+            steps = self.view.steps
+            self._seek(steps.t_s[steps.index_of_step(step)])
 
     def _advance(self, wall_s: float) -> None:
         """Playback: move the position ``wall_s * speed`` run-seconds on."""
         if self.view is None:
             return
-        end = self.view.timeline.end_s
+        end = self.view.steps.end_s
         position = (self.position_s or 0.0) + wall_s * self.speed
         if position < end:
             self.position_s = position
@@ -458,21 +456,21 @@ class KvscopeApp(App[None]):
         elif self.follow:
             self._seek(self._current_s())
         else:
-            if not self._live() and self._current_s() >= self.view.timeline.end_s:
+            if not self._live() and self._current_s() >= self.view.steps.end_s:
                 self.position_s = 0.0  # a finished replay plays again from the start
             self._last_tick = time.monotonic()
             self.playing = True
 
     def action_step(self, delta: int) -> None:
-        if self.view is None or not self.view.timeline:
+        if self.view is None or not self.view.steps:
             return
-        timeline = self.view.timeline
+        timeline = self.view.steps
         current = timeline.index_at(self._current_s())
         self._seek(timeline.t_s[min(max(current + delta, 0), len(timeline) - 1)])
 
     def action_jump(self, fraction: float) -> None:
         if self.view is not None:
-            self._seek(self._current_s() + fraction * self.view.timeline.end_s)
+            self._seek(self._current_s() + fraction * self.view.steps.end_s)
 
     def action_seek_start(self) -> None:
         self._seek(0.0)
@@ -483,7 +481,7 @@ class KvscopeApp(App[None]):
             self.playing = False
             self._read()
         elif self.view is not None:
-            self._seek(self.view.timeline.end_s)
+            self._seek(self.view.steps.end_s)
 
     def action_speed(self, delta: int) -> None:
         index = min(range(len(SPEEDS)), key=lambda i: abs(SPEEDS[i] - self.speed))
@@ -491,7 +489,7 @@ class KvscopeApp(App[None]):
 
     def on_timeline_seek(self, message: Timeline.Seek) -> None:
         if self.view is not None:
-            self._seek(message.fraction * self.view.timeline.end_s)
+            self._seek(message.fraction * self.view.steps.end_s)
 
     # --- screens and quitting ----------------------------------------------------------
 

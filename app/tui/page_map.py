@@ -19,8 +19,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from app.tui.data import PAGE_OFFLOADED
 from app.tui.palette import faded, owner_colour
+from db.pages import PAGE_OFFLOADED
 from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
 
 # Ties between states in an aggregated cell go to the most telling one.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from textual.color import Color
 
-from app.tui.data import PAGE_OFFLOADED
+from db.pages import PAGE_OFFLOADED
 from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
 
 STATE_COLOURS = {

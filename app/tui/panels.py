@@ -16,8 +16,10 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from app.tui import fmt
-from app.tui.data import CHURN_KINDS, View
+from app.tui.data import View
 from db import formulas
+from db.events import CHURN_KINDS
+from db.kernels import device_peaks
 
 LABEL_STYLE = "#8c9bb0"
 VALUE_STYLE = "bold #e5e9f0"
@@ -175,14 +177,14 @@ def kernels_table(view: View) -> RenderableType:
             fmt.number(k.gbps, 1),
             fmt.pct(peak),
         )
-    hardware = view.run.hardware
-    if hardware.get("peak_tflops") or hardware.get("peak_gbps"):
+    peaks = device_peaks(view.run)
+    if peaks.tflops or peaks.gbps:
         caption = (
-            f"%peak: share of {fmt.number(hardware.get('peak_tflops'), 0)} TFLOP/s "
-            f"or {fmt.number(hardware.get('peak_gbps'), 0)} GB/s, whichever is higher"
+            f"%peak: higher share of {fmt.number(peaks.tflops, 0)} TFLOP/s "
+            f"or {fmt.number(peaks.gbps, 0)} GB/s ({peaks.source})"
         )
     else:
-        caption = "%peak: device peak unknown (no GPU)"
+        caption = "%peak: device peak unknown"
     table.caption = caption
     table.caption_style = NOTE_STYLE
     table.caption_justify = "left"

@@ -15,8 +15,8 @@ from textual.reactive import reactive
 from textual.widgets import DataTable
 
 from app.tui import fmt
-from app.tui.data import RequestState
 from app.tui.palette import owner_colour
+from db.requests import RequestState
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from app.dashboard import data
+from app.dashboard import table_filter
+from db import queries
 from db.queries import RequestRow, requests_table, run_info, step_series
 from db.store import open_db
 from db.writer import Writer
@@ -18,9 +19,9 @@ from profiler.recorder import to_batch
 
 def test_cached_sources_split_hits_and_reloads(synthetic_db):
     path, run_id, run = synthetic_db
-    with data.reader(path) as db:
+    with queries.reader(path) as db:
         points = step_series(db, run_id, 40)
-        sources = data.cached_sources(db, run_id, points)
+        sources = queries.cached_sources(db, run_id, points)
     assert sum(sources.device_tokens) == run.truth.prefix_hit_tokens
     assert sum(sources.host_tokens) == run.truth.reloaded_pages * run.page_size
     assert sources.t_s == [p.t_s for p in points]
@@ -28,8 +29,8 @@ def test_cached_sources_split_hits_and_reloads(synthetic_db):
 
 def test_event_counts_sum_to_the_true_counts(synthetic_db):
     path, run_id, run = synthetic_db
-    with data.reader(path) as db:
-        counts = data.event_counts(db, run_id, max_points=25)
+    with queries.reader(path) as db:
+        counts = queries.event_counts(db, run_id, max_points=25)
     assert len(counts.t_s) <= 25
     assert sum(counts.counts["page_evicted"]) == run.truth.evicted_pages
     assert sum(counts.counts["page_offloaded"]) == run.truth.offloaded_pages
@@ -40,8 +41,8 @@ def test_event_counts_sum_to_the_true_counts(synthetic_db):
 
 def test_transfer_costs_measured_and_predicted(synthetic_db):
     path, run_id, run = synthetic_db
-    with data.reader(path) as db:
-        costs = {c.action: c for c in data.transfer_costs(db, run_info(db, run_id))}
+    with queries.reader(path) as db:
+        costs = {c.action: c for c in queries.transfer_costs(db, run_info(db, run_id))}
     # The synthetic engine charges 2e-5 s per offload, 3e-5 s per reload and
     # 2 ms + 20 us per token per step, so the fitted prefill cost is 20 us/token.
     assert costs["offload"].samples == run.truth.offloaded_pages
@@ -59,12 +60,12 @@ def test_transfer_costs_measured_and_predicted(synthetic_db):
 
 def test_device_peaks_prefer_the_measured_gpu(synthetic_db):
     path, run_id, _ = synthetic_db
-    with data.reader(path) as db:
+    with queries.reader(path) as db:
         info = run_info(db, run_id)
-    preset = data.device_peaks(info)
+    preset = queries.device_peaks(info)
     assert (preset.tflops, preset.gbps) == (0.85, 25)
     hardware = {"peak_tflops": 989.0, "peak_gbps": 3350.0, "gpus": [{"name": "H100"}]}
-    gpu = data.device_peaks(dataclasses.replace(info, hardware=hardware))
+    gpu = queries.device_peaks(dataclasses.replace(info, hardware=hardware))
     assert (gpu.tflops, gpu.gbps, gpu.source) == (989.0, 3350.0, "H100")
 
 
@@ -79,8 +80,8 @@ def test_request_trace_follows_the_request_events(synthetic_db):
     finished = next(
         e for e in run.events if isinstance(e, RequestFinished) and e.request_id == preempted
     )
-    with data.reader(path) as db:
-        trace = data.request_trace(db, run_id, preempted)
+    with queries.reader(path) as db:
+        trace = queries.request_trace(db, run_id, preempted)
     assert trace.pages == expected and expected[-1] == 0
     assert trace.tokens[-1] == finished.prompt_tokens + finished.output_tokens
     assert 0 in trace.tokens[1:-1]  # dropped to nothing when preempted (recompute)
@@ -92,8 +93,8 @@ def test_request_trace_follows_the_request_events(synthetic_db):
 
 def test_request_trace_of_an_unknown_request(synthetic_db):
     path, run_id, _ = synthetic_db
-    with data.reader(path) as db, pytest.raises(KvscopeError, match="no request 9999"):
-        data.request_trace(db, run_id, 9999)
+    with queries.reader(path) as db, pytest.raises(KvscopeError, match="no request 9999"):
+        queries.request_trace(db, run_id, 9999)
 
 
 def _row(rid: int, status: str, ttft: float | None) -> RequestRow:
@@ -104,7 +105,7 @@ def test_request_records_filter_and_sort():
     rows = [_row(0, "finished", 0.3), _row(1, "running", 0.1), _row(2, "waiting", None)]
 
     def ids(query: str, sort_by: list | None = None) -> list[int]:
-        return [r.request_id for r in data.filter_requests(rows, query, sort_by or [])]
+        return [r.request_id for r in table_filter.filter_requests(rows, query, sort_by or [])]
 
     assert ids("{status} scontains fin") == [0]
     assert ids("{status} icontains RUN") == [1]
@@ -116,45 +117,45 @@ def test_request_records_filter_and_sort():
     assert ids("{nonsense} > 1") == [0, 1, 2]
     assert ids("", [{"column_id": "ttft_s", "direction": "desc"}]) == [0, 1, 2]  # None last
     assert ids("", [{"column_id": "ttft_s", "direction": "asc"}]) == [1, 0, 2]
-    assert data.request_record(rows[1])["id"] == 1  # the row id DataTable selects by
+    assert table_filter.request_record(rows[1])["id"] == 1  # the row id DataTable selects by
 
 
 def test_version_changes_when_a_writer_appends(synthetic_db, tmp_path):
     path = tmp_path / "copy.db"
-    with data.reader(synthetic_db[0]) as source:
+    with queries.reader(synthetic_db[0]) as source:
         source.conn.execute("VACUUM INTO ?", (str(path),))
     run_id = synthetic_db[1]
-    with data.reader(path) as db:
-        before = data.version(db, run_id)
-        assert data.version(db, run_id) == before
-        assert data.version(db, None) == {"runs": 1, "newest": run_id, "run": None}
+    with queries.reader(path) as db:
+        before = queries.fingerprint(db, run_id)
+        assert queries.fingerprint(db, run_id) == before
+        assert queries.fingerprint(db, None) == {"runs": 1, "newest": run_id, "run": None}
     db = open_db(path)
     Writer(db, run_id).write(to_batch([RequestArrived(0, 0, 777, 5, 5)]))
     db.conn.close()
-    with data.reader(path) as db:
-        assert data.version(db, run_id) != before
+    with queries.reader(path) as db:
+        assert queries.fingerprint(db, run_id) != before
         assert any(r.request_id == 777 for r in requests_table(db, run_id))
 
 
 def test_choose_run(synthetic_db, tmp_path):
     path, run_id, _ = synthetic_db
-    with data.reader(path) as db:
-        assert data.choose_run(db, None) == run_id
-        assert data.choose_run(db, run_id) == run_id
+    with queries.reader(path) as db:
+        assert queries.choose_run(db, None) == run_id
+        assert queries.choose_run(db, run_id) == run_id
         with pytest.raises(KvscopeError, match="no run 42"):
-            data.choose_run(db, 42)
+            queries.choose_run(db, 42)
     open_db(tmp_path / "empty.db").conn.close()
-    with data.reader(tmp_path / "empty.db") as db, pytest.raises(KvscopeError, match="no runs"):
-        data.choose_run(db, None)
+    with queries.reader(tmp_path / "empty.db") as db, pytest.raises(KvscopeError, match="no runs"):
+        queries.choose_run(db, None)
     with pytest.raises(KvscopeError, match="no database at"):
-        with data.reader(tmp_path / "missing.db"):
+        with queries.reader(tmp_path / "missing.db"):
             pass
 
 
 def test_raw_rows_stream_every_row(synthetic_db):
     path, run_id, run = synthetic_db
-    with data.reader(path) as db:
-        columns, rows = data.raw_rows(db, run_id, "kernels")
+    with queries.reader(path) as db:
+        columns, rows = queries.raw_rows(db, run_id, "kernels")
         rows = list(rows)
     assert columns[:3] == ["t_s", "step", "name"]
     assert len(rows) == sum(run.truth.kernel_calls.values())

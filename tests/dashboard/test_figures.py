@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.dashboard import data, figures
+from app.dashboard import figures
+from db import queries
 from db.queries import (
     compare_runs,
     gpu_series,
@@ -20,7 +21,7 @@ from engine.events import KernelTiming, RequestPreempted
 
 @pytest.fixture(scope="module")
 def db(synthetic_db):
-    with data.reader(synthetic_db[0]) as db:
+    with queries.reader(synthetic_db[0]) as db:
         yield db
 
 
@@ -112,7 +113,7 @@ def test_kernel_figures(db, synthetic_db):
             seconds[e.name] = seconds.get(e.name, 0.0) + e.seconds
     time_fig = figures.kernel_time_figure(stats)
     assert dict(zip(time_fig.data[0].y, time_fig.data[0].x, strict=True)) == pytest.approx(seconds)
-    peaks = data.device_peaks(run_info(db, run_id))
+    peaks = queries.device_peaks(run_info(db, run_id))
     roof = figures.roofline_figure(stats, peaks)
     for s in stats:
         point = _trace(roof, s.name)
@@ -120,17 +121,17 @@ def test_kernel_figures(db, synthetic_db):
         assert point.x[0] == pytest.approx(20.0) and point.y[0] == pytest.approx(s.tflops)
     line = next(t for t in roof.data if t.name.startswith("roof"))
     assert max(line.y) == pytest.approx(peaks.tflops)
-    no_roof = figures.roofline_figure(stats, data.DevicePeaks(None, None, "unknown device"))
+    no_roof = figures.roofline_figure(stats, queries.DevicePeaks(None, None, "unknown device"))
     assert "device peaks unknown: no roof drawn" in _annotations(no_roof)
 
 
 def test_eviction_figures(db, synthetic_db):
     _, run_id, run = synthetic_db
-    counts = data.event_counts(db, run_id)
+    counts = queries.event_counts(db, run_id)
     fig = figures.event_counts_figure(counts)
     assert sum(_trace(fig, "offloaded").y) == run.truth.offloaded_pages
     assert sum(_trace(fig, "preempted").y) == run.truth.preemptions
-    costs = data.transfer_costs(db, run_info(db, run_id))
+    costs = queries.transfer_costs(db, run_info(db, run_id))
     cost_fig = figures.transfer_cost_figure(costs)
     measured = dict(
         zip(_trace(cost_fig, "measured").x, _trace(cost_fig, "measured").y, strict=True)
@@ -151,7 +152,7 @@ def test_gpu_figure_and_its_absence(db, synthetic_db):
 def test_request_figure(db, synthetic_db):
     _, run_id, run = synthetic_db
     rid = next(e.request_id for e in run.events if isinstance(e, RequestPreempted))
-    trace = data.request_trace(db, run_id, rid)
+    trace = queries.request_trace(db, run_id, rid)
     fig = figures.request_figure(trace)
     assert list(_trace(fig, "pages held").y) == trace.pages
     assert list(_trace(fig, "tokens held").y) == trace.tokens
@@ -176,6 +177,6 @@ def test_compare_figures_and_table(db, synthetic_db, tmp_path):
 def test_empty_run_figures_say_why():
     assert "no steps recorded yet" in _annotations(figures.throughput_figure([]))
     assert "no kernel timings recorded" in _annotations(figures.kernel_time_figure([]))
-    empty = data.EventCounts([], 0.0, {})
+    empty = queries.EventCounts([], 0.0, {})
     assert _annotations(figures.event_counts_figure(empty))
     assert "choose runs to compare" in _annotations(figures.compare_figure({}, "hit_rate", "", ""))

@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 from tui_helpers import MAIN, Recorded, record
 
-from app.tui.data import PAGE_OFFLOADED, RunReader, check_database
+from app.tui.data import RunReader, check_database
 from db import queries
+from db.pages import PAGE_OFFLOADED
+from db.requests import request_progress
+from db.source import Position
 from engine.errors import KvscopeError
 from engine.events import PAGE_EVICTED, PAGE_FREE
 
@@ -47,7 +50,7 @@ def test_page_map_is_exact_at_every_step(recorded: Recorded, reader: RunReader, 
     page events. The same run recorded with a snapshot at every step is the truth."""
     exact_path = tmp_path / "every-step.db"
     exact_id, _ = record(exact_path, **MAIN, page_map_every=1)
-    timeline = reader.timeline(recorded.run_id)
+    timeline = reader.steps(recorded.run_id)
     replayed_steps = offloaded = 0
     for index, step in enumerate(timeline.steps):
         view = reader.view(recorded.run_id, timeline.t_s[index])
@@ -71,14 +74,19 @@ def test_page_map_is_exact_at_every_step(recorded: Recorded, reader: RunReader, 
 def test_requests_mid_run_hold_the_pages_the_map_shows(
     recorded: Recorded, reader: RunReader
 ) -> None:
-    timeline = reader.timeline(recorded.run_id)
+    timeline = reader.steps(recorded.run_id)
     view = reader.view(recorded.run_id, timeline.t_s[len(timeline) // 2])
     assert view.pages is not None
     running = [r for r in view.requests if r.state == "running"]
     assert running
+    final = {r.request_id: r for r in queries.requests_table(reader.conn, recorded.run_id)}
     for r in view.requests:
         assert r.pages == int(np.count_nonzero(view.pages == r.request_id))
-        if r.state != "finished":
+        if r.state == "running" and r.ttft_s is not None:
+            # Progress so far: at least its first token, at most what it ends with.
+            assert 1 <= r.output_tokens <= final[r.request_id].output_tokens
+            assert (r.tpot_s is None) == (r.output_tokens == 1)
+        elif r.state == "waiting":
             assert r.output_tokens is None and r.tpot_s is None
     assert {r.request_id for r in running} <= set(view.pages[view.pages >= 0].tolist())
     assert view.row is not None and view.row.running == len(running)
@@ -93,7 +101,7 @@ def test_preempted_requests_read_preempted_until_resumed(
         " ORDER BY step, ts_ns LIMIT 1",
         (recorded.run_id,),
     ).fetchone()
-    timeline = reader.timeline(recorded.run_id)
+    timeline = reader.steps(recorded.run_id)
     view = reader.view(recorded.run_id, timeline.t_s[timeline.steps.index(step)])
     preempted = next(r for r in view.requests if r.request_id == rid)
     assert preempted.state == "preempted" and preempted.preemptions == 1  # counted up to the step
@@ -103,6 +111,25 @@ def test_preempted_requests_read_preempted_until_resumed(
     ).fetchone()[0]
     later = reader.view(recorded.run_id, timeline.t_s[timeline.steps.index(resumed)])
     assert next(r for r in later.requests if r.request_id == rid).state in ("running", "finished")
+
+
+def test_progress_at_the_finish_step_equals_the_recorded_figures(
+    recorded: Recorded, reader: RunReader
+) -> None:
+    """Output tokens and TPOT derived from events while a request runs: at the step
+    it finished they must equal what the engine recorded, preempted requests too."""
+    conn = reader.conn
+    finished = conn.execute(
+        """SELECT e.request_id, e.step, e.ts_ns, r.output_tokens, r.tpot_s, r.preemptions
+           FROM events e JOIN requests r ON r.run_id = e.run_id AND r.request_id = e.request_id
+           WHERE e.run_id = ? AND e.kind = 'request_finished'""",
+        (recorded.run_id,),
+    ).fetchall()
+    assert sum(1 for *_, preemptions in finished if preemptions) >= 3
+    for rid, step, ts_ns, output, tpot, _ in finished:
+        (progress,) = request_progress(conn, Position(recorded.run_id, step, ts_ns), [rid]).values()
+        assert progress.output_tokens == output, rid
+        assert progress.tpot_s == pytest.approx(tpot, rel=1e-9), rid
 
 
 def test_timeline_reads_only_new_steps(tmp_path) -> None:
@@ -118,11 +145,11 @@ def test_timeline_reads_only_new_steps(tmp_path) -> None:
     recorder.flush()
     reader = RunReader(tmp_path / "live.db")
     assert reader.ready()
-    first = reader.timeline(recorder.run_id)
+    first = reader.steps(recorder.run_id)
     for event in events[half:]:
         recorder.on_event(event)
     recorder.finish("complete")
-    second = reader.timeline(recorder.run_id)
+    second = reader.steps(recorder.run_id)
     assert second.steps[: len(first)] == first.steps and len(second) > len(first)
     assert list(second.steps) == list(range(len(second)))
 

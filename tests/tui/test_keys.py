@@ -19,7 +19,7 @@ async def test_replay_keys_move_the_position(recorded: Recorded) -> None:
     app = viewer(recorded)
     async with app.run_test(size=(120, 40)) as pilot:
         view = await wait_for_view(pilot, app)
-        last = len(view.timeline) - 1
+        last = len(view.steps) - 1
         assert view.index == last and not app.follow  # a finished run opens at its end, paused
         assert app.query_one(Timeline).mode == "paused"
         await pilot.press("home")
@@ -30,7 +30,7 @@ async def test_replay_keys_move_the_position(recorded: Recorded) -> None:
         assert (await settle(pilot, app)).index == 2
         await pilot.press("pagedown")
         view = await settle(pilot, app)
-        assert view.t_s >= 0.1 * view.timeline.end_s and 2 < view.index < last
+        assert view.t_s >= 0.1 * view.steps.end_s and 2 < view.index < last
         index = view.index
         await pilot.press("pageup")
         assert (await settle(pilot, app)).index < index
@@ -39,7 +39,7 @@ async def test_replay_keys_move_the_position(recorded: Recorded) -> None:
         await pilot.press("right")  # past the end: stays
         assert (await settle(pilot, app)).index == last
         label = app.query_one(Timeline).step_label
-        assert label == f"step {view.timeline.steps[last]} ({last + 1}/{last + 1})"
+        assert label == f"step {view.steps.steps[last]} ({last + 1}/{last + 1})"
 
 
 @aio
@@ -52,11 +52,11 @@ async def test_space_plays_and_pauses_and_speed_keys_change_speed(recorded: Reco
         assert app.speed == SPEEDS[SPEEDS.index(speed) + 1]
         await pilot.press("minus", "minus")
         assert app.speed == SPEEDS[SPEEDS.index(speed) - 1]
-        app.speed = view.timeline.end_s / 2  # plays the whole run in about two seconds
+        app.speed = view.steps.end_s / 2  # plays the whole run in about two seconds
         await pilot.press("space")  # at the end of a finished run: plays from the start
         assert app.playing and app.query_one(Timeline).mode == "playing"
         await wait_for(
-            pilot, lambda: app.view.index > 0 and app.view.index < len(app.view.timeline) - 1
+            pilot, lambda: app.view.index > 0 and app.view.index < len(app.view.steps) - 1
         )
         await pilot.press("space")
         assert not app.playing and app.query_one(Timeline).mode == "paused"
@@ -65,7 +65,7 @@ async def test_space_plays_and_pauses_and_speed_keys_change_speed(recorded: Reco
         assert app.view.index == paused_at
         await pilot.press("space")
         await wait_for(pilot, lambda: not app.playing)  # plays to the end, then stops
-        assert (await settle(pilot, app)).index == len(view.timeline) - 1
+        assert (await settle(pilot, app)).index == len(view.steps) - 1
 
 
 @aio
@@ -77,7 +77,7 @@ async def test_clicking_the_timeline_seeks(recorded: Recorded) -> None:
         start = timeline._prefix().cell_len
         await pilot.click(Timeline, offset=(start + timeline._bar_width() // 2, 0))
         view = await settle(pilot, app)
-        assert abs(view.t_s - view.timeline.end_s / 2) < 0.1 * view.timeline.end_s
+        assert abs(view.t_s - view.steps.end_s / 2) < 0.1 * view.steps.end_s
 
 
 @aio
@@ -185,7 +185,7 @@ async def test_run_picker_switches_the_run(recorded: Recorded) -> None:
         await pilot.press("down", "enter")  # runs are listed newest first
         view = await wait_for_view(pilot, app, lambda v: v.run.run_id == recorded.small_id)
         assert len(view.requests) == recorded.small.truth.requests
-        assert view.index == len(view.timeline) - 1
+        assert view.index == len(view.steps) - 1
         await pilot.press("r", "escape")
         assert not isinstance(app.screen, RunPicker) and app.run_id == recorded.small_id
 

@@ -41,12 +41,12 @@ async def test_attach_follows_rows_a_writer_adds_after_start(tmp_path: Path) -> 
     async with app.run_test(size=(120, 40)) as pilot:
         view = await wait_for_view(pilot, app)
         assert view.run.status == "running" and app.query_one(Timeline).mode == "live"
-        first = len(view.timeline)
+        first = len(view.steps)
         for event in events[third : 2 * third]:
             recorder.on_event(event)
         recorder.flush()
-        view = await wait_for_view(pilot, app, lambda v: len(v.timeline) > first)
-        assert view.index == len(view.timeline) - 1  # still on the newest step
+        view = await wait_for_view(pilot, app, lambda v: len(v.steps) > first)
+        assert view.index == len(view.steps) - 1  # still on the newest step
         assert app.query_one(RequestsTable).row_count == len(view.requests) > 0
         for event in events[2 * third :]:
             recorder.on_event(event)
@@ -122,7 +122,7 @@ async def test_job_runs_live_then_the_ui_stays_open_with_a_notice(tmp_path: Path
             "status": "complete",
             "steps": view.row.step + 1,
         }
-        assert view.index == len(view.timeline) - 1
+        assert view.index == len(view.steps) - 1
         await wait_for(pilot, lambda: "run finished" in runbar(app))
         assert any("Run finished" in n.message for n in app._notifications)
         assert app.is_running  # stays open until the user quits

@@ -99,7 +99,7 @@ async def settle(pilot: Any, app: KvscopeApp) -> View:
         if view is None or app._loading:
             return False
         wanted = (
-            len(view.timeline) - 1 if app.follow else view.timeline.index_at(app.position_s or 0)
+            len(view.steps) - 1 if app.follow else view.steps.index_at(app.position_s or 0)
         )
         return view.index == wanted
 
@@ -116,7 +116,7 @@ async def goto_step(pilot: Any, app: KvscopeApp, step: int) -> View:
 
     view = await wait_for_view(pilot, app)
     timeline = app.query_one(Timeline)
-    fraction = view.timeline.t_s[view.timeline.steps.index(step)] / view.timeline.end_s
+    fraction = view.steps.t_s[view.steps.steps.index(step)] / view.steps.end_s
     x = timeline._prefix().cell_len + round(fraction * (timeline._bar_width() - 1))
     await pilot.click(Timeline, offset=(x, 0))
     view = await settle(pilot, app)

@@ -1,0 +1,313 @@
+"""Reads of page occupancy: snapshots, the heatmap matrix, the page map at any step.
+
+Page maps are stored every few steps (``page_maps``); ``owners_at`` brings the
+snapshot at or before a position forward through the page events of the steps
+since, so a replay shows every step exactly. ``page_accounting`` replays the
+allocation events against the snapshots as a consistency check.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
+
+import numpy as np
+
+from db.source import Position, Source, connection, kinds_sql, run_origin, window
+from engine.events import (
+    PAGE_CACHED,
+    PAGE_EVICTED,
+    PAGE_FREE,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    PageEvicted,
+    PagesAllocated,
+    PagesFreed,
+)
+
+# A page state the engine's snapshots do not have: evicted to the host tier
+# (PAGE_EVICTED there, plus a PageEvicted event whose action was "offloaded").
+PAGE_OFFLOADED = -4
+
+
+@dataclass(frozen=True, slots=True)
+class PageSnapshot:
+    step: int
+    t_s: float
+    owners: np.ndarray  # int32: request id >= 0, or engine.events.PAGE_* codes
+    pages_owned: int
+    pages_cached: int
+    pages_free: int
+    pages_evicted: int
+
+
+@dataclass(frozen=True, slots=True)
+class PageMatrix:
+    """Page owners over time for a heatmap: ``owners[page_row, snapshot]``."""
+
+    steps: list[int]
+    t_s: list[float]
+    owners: np.ndarray  # int32, shape (pages // page_stride, len(steps))
+    page_stride: int  # row i shows page i * page_stride
+
+
+@dataclass(frozen=True, slots=True)
+class PageBalance:
+    """The page events replayed up to one snapshot, beside the snapshot itself."""
+
+    step: int
+    t_s: float
+    allocated: int  # page references handed out so far (a shared prefix page once per request)
+    freed: int  # page references given back so far
+    referenced: int  # distinct pages with references left: must equal ``owned``
+    owned: int  # pages with an owner in the snapshot
+
+
+def decode_owners(blob: bytes) -> np.ndarray:
+    """A stored page map back to its int32 owners array."""
+    return np.frombuffer(zlib.decompress(blob), dtype="<i4").astype(np.int32)
+
+
+def page_map_at(source: Source, run_id: int, step: int) -> PageSnapshot | None:
+    """The page-map snapshot nearest at or before ``step`` (the last one taken at
+    that step), or None if there is none that early."""
+    with connection(source) as conn:
+        start_ns = run_origin(conn, run_id)
+        row = conn.execute(
+            """SELECT step, ts_ns, owners, pages_owned, pages_cached, pages_free, pages_evicted
+               FROM page_maps WHERE run_id = ? AND step <= ?
+               ORDER BY step DESC, id DESC LIMIT 1""",
+            (run_id, step),
+        ).fetchone()
+    if row is None:
+        return None
+    step, ts_ns, blob, owned, cached, free, evicted = row
+    return PageSnapshot(
+        step, (ts_ns - start_ns) / 1e9, decode_owners(blob), owned, cached, free, evicted
+    )
+
+
+def page_maps(
+    source: Source,
+    run_id: int,
+    max_snapshots: int = 200,
+    max_pages: int | None = None,
+    since_s: float | None = None,
+    until_s: float | None = None,
+) -> PageMatrix:
+    """Page owners across snapshots, for a pages x time heatmap.
+
+    At most ``max_snapshots`` snapshots, evenly spaced over the window; with
+    ``max_pages``, every ``page_stride``-th page so at most that many rows.
+    Pages missing from a smaller snapshot read as PAGE_FREE.
+    """
+    with connection(source) as conn:
+        start_ns = run_origin(conn, run_id)
+        lo, hi = window(start_ns, since_s, until_s)
+        index = conn.execute(
+            """SELECT id, step, ts_ns FROM page_maps WHERE run_id = ? AND ts_ns BETWEEN ? AND ?
+               ORDER BY step, id""",
+            (run_id, lo, hi),
+        ).fetchall()
+        if len(index) > max_snapshots:
+            picks = np.unique(np.linspace(0, len(index) - 1, max_snapshots).round().astype(int))
+            index = [index[i] for i in picks]
+        blobs = dict(
+            conn.execute(
+                f"SELECT id, owners FROM page_maps WHERE id IN ({','.join('?' * len(index))})",
+                [row[0] for row in index],
+            ).fetchall()
+        )
+    columns = [decode_owners(blobs[row[0]]) for row in index]
+    num_pages = max((len(c) for c in columns), default=0)
+    stride = max(1, -(-num_pages // max_pages)) if max_pages else 1
+    owners = np.full((num_pages, len(columns)), PAGE_FREE, dtype=np.int32)
+    for j, column in enumerate(columns):
+        owners[: len(column), j] = column
+    return PageMatrix(
+        steps=[row[1] for row in index],
+        t_s=[(row[2] - start_ns) / 1e9 for row in index],
+        owners=owners[::stride],
+        page_stride=stride,
+    )
+
+
+def page_accounting(source: Source, run_id: int) -> list[PageBalance]:
+    """PagesAllocated / PagesFreed replayed in time order, checked at every snapshot.
+
+    A page shared by several requests (a prefix hit) is allocated once per
+    request and freed once per request; it is in use while any reference is
+    left. ``referenced == owned`` at every snapshot says the event stream and
+    the page maps tell the same story (without sharing, ``allocated - freed``
+    equals ``owned`` too).
+    """
+    with connection(source) as conn:
+        start_ns = run_origin(conn, run_id)
+        snapshots = conn.execute(
+            "SELECT step, ts_ns, pages_owned FROM page_maps WHERE run_id = ? ORDER BY ts_ns, id",
+            (run_id,),
+        ).fetchall()
+        changes = conn.execute(
+            """SELECT ts_ns, kind = ?, payload FROM events
+               WHERE run_id = ? AND kind IN (?, ?) ORDER BY ts_ns, id""",
+            (PagesAllocated.kind, run_id, PagesAllocated.kind, PagesFreed.kind),
+        ).fetchall()
+    refs: dict[int, int] = {}
+    allocated = freed = referenced = 0
+    balances = []
+    i = 0
+    for step, ts_ns, owned in snapshots:
+        while i < len(changes) and changes[i][0] <= ts_ns:
+            _, is_alloc, payload = changes[i]
+            pages = json.loads(payload)["pages"]
+            for page in pages:
+                before = refs.get(page, 0)
+                after = before + (1 if is_alloc else -1)
+                refs[page] = after
+                referenced += (after > 0) - (before > 0)
+            if is_alloc:
+                allocated += len(pages)
+            else:
+                freed += len(pages)
+            i += 1
+        balances.append(
+            PageBalance(step, (ts_ns - start_ns) / 1e9, allocated, freed, referenced, owned)
+        )
+    return balances
+
+
+# --- the page map at any step ------------------------------------------------------
+# Page events replay in step and time order; the writer inserts a batch grouped
+# by kind, so ids only order events of one kind, and events with equal
+# timestamps are applied as one change (see _apply_page_events).
+
+_PAGE_EVENT_KINDS = (
+    PagesAllocated.kind,
+    PagesFreed.kind,
+    BlockStored.kind,
+    BlockRemoved.kind,
+    PageEvicted.kind,
+    AllBlocksCleared.kind,
+)
+# Order of page events with equal timestamps.
+_REPLAY_ORDER = f"""CASE kind WHEN '{PagesFreed.kind}' THEN 0 WHEN '{BlockRemoved.kind}' THEN 1
+    WHEN '{PageEvicted.kind}' THEN 2 WHEN '{AllBlocksCleared.kind}' THEN 3
+    WHEN '{BlockStored.kind}' THEN 4 ELSE 5 END"""
+
+
+def tree_pages(conn: sqlite3.Connection, at: Position) -> frozenset[int]:
+    """Pages in the prefix tree at the position: stored and not removed, evicted
+    or cleared since. The latest block event per page decides (as a set, so an
+    engine that reports an eviction as both BlockRemoved and PageEvicted is not
+    counted twice)."""
+    rows = conn.execute(
+        f"""WITH cleared AS (
+             SELECT COALESCE(MAX(ts_ns), -1) AS ts FROM events
+             WHERE run_id = :run AND kind = '{AllBlocksCleared.kind}' AND step <= :step),
+           changes AS (
+             SELECT e.id, e.step, e.ts_ns, e.kind, CAST(j.value AS INTEGER) AS page
+             FROM events e, json_each(e.payload, '$.pages') j
+             WHERE e.run_id = :run AND e.kind IN ('{BlockStored.kind}', '{BlockRemoved.kind}')
+             AND e.ts_ns <= :hi AND e.step <= :step AND e.ts_ns > (SELECT ts FROM cleared)
+             UNION ALL
+             SELECT id, step, ts_ns, kind, json_extract(payload, '$.page') FROM events
+             WHERE run_id = :run AND kind = '{PageEvicted.kind}'
+             AND ts_ns <= :hi AND step <= :step AND ts_ns > (SELECT ts FROM cleared))
+           SELECT page FROM (
+             SELECT page, kind, ROW_NUMBER() OVER (
+               PARTITION BY page ORDER BY step DESC, ts_ns DESC, {_REPLAY_ORDER} DESC, id DESC) AS n
+             FROM changes)
+           WHERE n = 1 AND kind = '{BlockStored.kind}'""",
+        {"run": at.run_id, "hi": at.ts_ns, "step": at.step},
+    ).fetchall()
+    return frozenset(page for (page,) in rows)
+
+
+def _apply_page_events(
+    owners: np.ndarray, events: list[tuple[str, int | None, dict]], tree: frozenset[int]
+) -> None:
+    """Apply page events that share one step and timestamp to ``owners``.
+
+    Their order is unknown (the writer groups a batch by kind), so who holds a
+    page comes from counting: a request holds a page it was given more often
+    than it gave back. Pages nobody holds afterwards take the state their other
+    events leave, applied releases first.
+    """
+    size = len(owners)
+    holds: dict[int, Counter[int]] = {}
+    for kind, rid, event in events:
+        if kind in (PagesAllocated.kind, PagesFreed.kind) and rid is not None:
+            for page in event["pages"]:
+                if 0 <= page < size:
+                    if page not in holds:
+                        holds[page] = Counter({int(owners[page]): 1} if owners[page] >= 0 else {})
+                    holds[page][rid] += 1 if kind == PagesAllocated.kind else -1
+    for kind, _, event in events:
+        pages = [p for p in event.get("pages", ()) if 0 <= p < size]
+        if kind == PagesFreed.kind:
+            owners[pages] = [PAGE_CACHED if p in tree else PAGE_FREE for p in pages]
+        elif kind == BlockStored.kind:
+            owners[[p for p in pages if owners[p] < 0]] = PAGE_CACHED
+        elif kind == BlockRemoved.kind:
+            owners[[p for p in pages if owners[p] == PAGE_CACHED]] = PAGE_FREE
+        elif kind == PageEvicted.kind and 0 <= event["page"] < size:
+            offloaded = event.get("action") == "offloaded"
+            owners[event["page"]] = PAGE_OFFLOADED if offloaded else PAGE_EVICTED
+        elif kind == AllBlocksCleared.kind:
+            owners[owners == PAGE_CACHED] = PAGE_FREE
+    for page, counts in holds.items():
+        holders = [rid for rid, n in counts.items() if n > 0]
+        if holders:
+            owners[page] = holders[-1]
+        elif owners[page] >= 0:
+            owners[page] = PAGE_CACHED if page in tree else PAGE_FREE
+
+
+def owners_at(
+    conn: sqlite3.Connection, at: Position, snapshot: PageSnapshot, tree: frozenset[int]
+) -> np.ndarray:
+    """Page owners at the position: ``snapshot`` (at or before it) brought forward
+    through the page events of the steps since (snapshots come every few steps;
+    the events make every step exact). Evicted pages that went to the host tier
+    read PAGE_OFFLOADED; ``tree`` is ``tree_pages`` at the position."""
+    owners = snapshot.owners.copy()
+    if snapshot.pages_evicted:
+        previous = conn.execute(
+            "SELECT MAX(step) FROM page_maps WHERE run_id = ? AND step < ?",
+            (at.run_id, snapshot.step),
+        ).fetchone()[0]
+        offloaded = [
+            page
+            for (page,) in conn.execute(
+                """SELECT json_extract(payload, '$.page') FROM events
+                   WHERE run_id = ? AND kind = ? AND step > ? AND step <= ?
+                   AND ts_ns <= ? AND json_extract(payload, '$.action') = 'offloaded'""",
+                (
+                    at.run_id,
+                    PageEvicted.kind,
+                    -1 if previous is None else previous,
+                    snapshot.step,
+                    at.ts_ns,
+                ),
+            )
+            if 0 <= page < len(owners) and owners[page] == PAGE_EVICTED
+        ]
+        owners[offloaded] = PAGE_OFFLOADED
+    rows = conn.execute(
+        f"""SELECT step, ts_ns, kind, request_id, payload FROM events WHERE run_id = ?
+           AND kind IN ({kinds_sql(_PAGE_EVENT_KINDS)})
+           AND step > ? AND step <= ? AND ts_ns <= ?
+           ORDER BY step, ts_ns, {_REPLAY_ORDER}, id""",
+        (at.run_id, snapshot.step, at.step, at.ts_ns),
+    ).fetchall()
+    for _, group in groupby(rows, key=itemgetter(0, 1)):
+        _apply_page_events(
+            owners, [(kind, rid, json.loads(p or "{}")) for *_, kind, rid, p in group], tree
+        )
+    return owners

@@ -1,0 +1,300 @@
+"""Reads about whole runs: which runs there are, how one stands, its headline figures.
+
+``run_info`` describes a run, ``latest_step`` and ``fingerprint`` are cheap
+enough for followers to poll, ``run_summary`` computes the same figures as the
+live metrics (through ``db.formulas``), and ``cost_device`` is the device
+preset a run's cost model and %peak figures are read against.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from db import formulas
+from db.events import prefix_tokens
+from db.formulas import RunSummary, RunTotals
+from db.schema import INCOMPLETE, RUNNING
+from db.source import Source, connection, kinds_sql, run_origin
+from engine.errors import KvscopeError
+from engine.events import PageEvicted, PageOffloaded, PageReloaded, RequestPreempted
+from engine.presets import Device, device_preset
+
+# A 'running' run whose writer has not written for this long is incomplete.
+HEARTBEAT_STALE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    run_id: int
+    kind: str
+    model: str | None
+    status: str  # running | complete | interrupted | failed | incomplete
+    started_at: float  # wall clock (time.time()) at the start
+    duration_s: float  # wall time until the end, or until the writer's last heartbeat
+    requests: int
+    steps: int
+    events_written: int
+    dropped_events: int
+    config: dict[str, Any]
+    hardware: dict[str, Any]
+    versions: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where a run stands, for followers polling the database."""
+
+    step: int | None  # latest recorded step summary, None before the first
+    t_s: float | None
+    status: str
+    events_written: int
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    runs: list[RunInfo]
+    summaries: list[RunSummary]
+    config_diff: dict[str, list[Any]]  # config keys whose values differ, one value per run
+
+
+def resolve_status(
+    status: str,
+    heartbeat: float | None,
+    writer_pid: int | None,
+    writer_host: str | None,
+    now: float | None = None,
+) -> str:
+    """The status readers report: a stored 'running' whose writer is gone is 'incomplete'.
+
+    The writer is gone when its heartbeat is older than HEARTBEAT_STALE_S (or
+    missing), or when it ran on this host and its process no longer exists.
+    """
+    if status != RUNNING:
+        return status
+    now = time.time() if now is None else now
+    if heartbeat is None or now - heartbeat > HEARTBEAT_STALE_S:
+        return INCOMPLETE
+    if writer_pid is not None and writer_host == socket.gethostname():
+        try:
+            os.kill(writer_pid, 0)
+        except ProcessLookupError:
+            return INCOMPLETE
+        except PermissionError:
+            pass  # alive, owned by another user
+    return status
+
+
+_RUN_COLUMNS = """
+    r.id, r.kind, r.model, r.status, r.heartbeat, r.writer_pid, r.writer_host,
+    r.started_at, r.ended_at, r.events_written, r.dropped_events,
+    r.config, r.hardware, r.versions,
+    (SELECT COUNT(*) FROM requests q WHERE q.run_id = r.id),
+    (SELECT COUNT(*) FROM steps s WHERE s.run_id = r.id)
+"""
+
+
+def _run_info(row: Sequence[Any]) -> RunInfo:
+    (run_id, kind, model, status, heartbeat, pid, host, started_at, ended_at) = row[:9]
+    (events_written, dropped, config, hardware, versions, requests, steps) = row[9:]
+    end = ended_at if ended_at is not None else (heartbeat or started_at)
+    return RunInfo(
+        run_id=run_id,
+        kind=kind,
+        model=model,
+        status=resolve_status(status, heartbeat, pid, host),
+        started_at=started_at,
+        duration_s=max(0.0, end - started_at),
+        requests=requests,
+        steps=steps,
+        events_written=events_written or 0,
+        dropped_events=dropped or 0,
+        config=json.loads(config or "{}"),
+        hardware=json.loads(hardware or "{}"),
+        versions=json.loads(versions or "{}"),
+    )
+
+
+def list_runs(source: Source) -> list[RunInfo]:
+    """Every run in the database, newest first."""
+    with connection(source) as conn:
+        rows = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs r ORDER BY r.id DESC").fetchall()
+    return [_run_info(row) for row in rows]
+
+
+def run_info(source: Source, run_id: int) -> RunInfo:
+    """One run's description; KvscopeError if the database has no such run."""
+    with connection(source) as conn:
+        row = conn.execute(
+            f"SELECT {_RUN_COLUMNS} FROM runs r WHERE r.id = ?", (run_id,)
+        ).fetchone()
+    if row is None:
+        raise KvscopeError(f"no run {run_id} in this database")
+    return _run_info(row)
+
+
+def newest_run(source: Source, after: int = 0) -> int | None:
+    """The newest run's id if it is above ``after`` (a run started after a baseline)."""
+    with connection(source) as conn:
+        (newest,) = conn.execute("SELECT MAX(id) FROM runs").fetchone()
+    return newest if newest is not None and newest > after else None
+
+
+def choose_run(source: Source, run_id: int | None) -> int:
+    """``run_id`` if the database has it, else (None) its newest run; one clear
+    KvscopeError line otherwise."""
+    with connection(source) as conn:
+        if run_id is None:
+            run_id = newest_run(conn)
+            if run_id is None:
+                raise KvscopeError("the database has no runs yet")
+        run_origin(conn, run_id)
+    return run_id
+
+
+def latest_step(source: Source, run_id: int) -> Progress:
+    """The latest recorded step and the run's status: cheap enough to poll every second."""
+    with connection(source) as conn:
+        start_ns = run_origin(conn, run_id)
+        status, heartbeat, pid, host, events_written = conn.execute(
+            """SELECT status, heartbeat, writer_pid, writer_host, events_written
+               FROM runs WHERE id = ?""",
+            (run_id,),
+        ).fetchone()
+        row = conn.execute(
+            "SELECT step, ts_ns FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1", (run_id,)
+        ).fetchone()
+    return Progress(
+        step=row[0] if row else None,
+        t_s=(row[1] - start_ns) / 1e9 if row else None,
+        status=resolve_status(status, heartbeat, pid, host),
+        events_written=events_written or 0,
+    )
+
+
+def fingerprint(source: Source, run_id: int | None) -> dict[str, Any]:
+    """A cheap fingerprint of the database as a page sees it: pages redraw only
+    when it changes, so an idle dashboard costs one small query per refresh."""
+    with connection(source) as conn:
+        runs, newest = conn.execute("SELECT COUNT(*), MAX(id) FROM runs").fetchone()
+        result: dict[str, Any] = {"runs": runs, "newest": newest, "run": run_id}
+        if run_id is None:
+            return result
+        try:
+            progress = latest_step(conn, run_id)
+        except KvscopeError:
+            return result
+    return result | {
+        "step": progress.step,
+        "events": progress.events_written,
+        "status": progress.status,
+    }
+
+
+def page_size(source: Source, run_id: int) -> int | None:
+    """Tokens per page, as the run's step summaries report it."""
+    with connection(source) as conn:
+        row = conn.execute(
+            "SELECT page_size FROM steps WHERE run_id = ? LIMIT 1", (run_id,)
+        ).fetchone()
+    return row[0] if row else None
+
+
+def cost_device(info: RunInfo) -> Device | None:
+    """The device preset the run's cost model used (``--cost-device``), None when
+    its config names none or an unknown one.
+
+    Recorded as ``cost_device``; runs recorded before that name carry it as
+    ``device`` (which then hid the engine's execution device).
+    """
+    for key in ("cost_device", "device"):
+        name = info.config.get(key)
+        if isinstance(name, str):
+            try:
+                return device_preset(name)
+            except KvscopeError:
+                continue
+    return None
+
+
+_COUNTED_KINDS = (PageEvicted.kind, PageOffloaded.kind, PageReloaded.kind, RequestPreempted.kind)
+
+
+def run_summary(source: Source, run_id: int) -> RunSummary:
+    """The run's headline figures (the same as the live metrics' summary)."""
+    with connection(source) as conn:
+        info = run_info(conn, run_id)
+        start_ns = run_origin(conn, run_id)
+        totals = RunTotals(dropped_events=info.dropped_events)
+        (
+            totals.requests,
+            totals.requests_finished,
+            totals.requests_rejected,
+            output_tokens,
+        ) = conn.execute(
+            """SELECT COUNT(arrival_ns), COUNT(finished_ns), COUNT(rejected_reason),
+                      SUM(CASE WHEN finished_ns IS NOT NULL THEN output_tokens END)
+               FROM requests WHERE run_id = ?""",
+            (run_id,),
+        ).fetchone()
+        totals.output_tokens = output_tokens or 0
+        totals.ttfts = [
+            row[0]
+            for row in conn.execute(
+                "SELECT ttft_s FROM requests WHERE run_id = ? AND ttft_s IS NOT NULL", (run_id,)
+            )
+        ]
+        totals.tpots = conn.execute(
+            """SELECT output_tokens, tpot_s FROM requests
+               WHERE run_id = ? AND finished_ns IS NOT NULL AND tpot_s IS NOT NULL""",
+            (run_id,),
+        ).fetchall()
+        counts = dict(
+            conn.execute(
+                f"""SELECT kind, COUNT(*) FROM events WHERE run_id = ?
+                    AND kind IN ({kinds_sql(_COUNTED_KINDS)}) GROUP BY kind""",
+                (run_id,),
+            ).fetchall()
+        )
+        totals.prefix_queried_tokens, totals.prefix_hit_tokens = prefix_tokens(conn, run_id).get(
+            0, (0, 0)
+        )
+        totals.evicted_pages = counts.get(PageEvicted.kind, 0)
+        totals.offloaded_pages = counts.get(PageOffloaded.kind, 0)
+        totals.reloaded_pages = counts.get(PageReloaded.kind, 0)
+        totals.preemptions = counts.get(RequestPreempted.kind, 0)
+        steps, last_ts, tokens_held, slots = conn.execute(
+            """SELECT COUNT(*), MAX(ts_ns), SUM(tokens_held), SUM(pages_used * page_size)
+               FROM steps WHERE run_id = ?""",
+            (run_id,),
+        ).fetchone()
+        totals.steps = steps
+        totals.elapsed_s = (last_ts - start_ns) / 1e9 if last_ts is not None else 0.0
+        totals.tokens_held = tokens_held or 0
+        totals.token_slots = slots or 0
+        peak = conn.execute(
+            """SELECT pages_used, pages_total FROM steps WHERE run_id = ? AND pages_total > 0
+               ORDER BY pages_used * 1.0 / pages_total DESC LIMIT 1""",
+            (run_id,),
+        ).fetchone()
+        totals.peak_page_usage = formulas.page_usage(*peak) if peak else None
+    return formulas.summarize(run_id, info.status, totals)
+
+
+def compare_runs(source: Source, run_ids: Sequence[int]) -> Comparison:
+    """Summaries of several runs side by side, and the config keys that differ."""
+    with connection(source) as conn:
+        infos = [run_info(conn, run_id) for run_id in run_ids]
+        summaries = [run_summary(conn, run_id) for run_id in run_ids]
+    keys = sorted({key for info in infos for key in info.config})
+    diff = {}
+    for key in keys:
+        values = [info.config.get(key) for info in infos]
+        if any(value != values[0] for value in values[1:]):
+            diff[key] = values
+    return Comparison(infos, summaries, diff)
