@@ -1,6 +1,7 @@
 """Read queries over a watched deployment (run kind ``watch``), for every front end.
 
-Block-level figures come from one ordered pass over ``watch_blocks`` that
+Block-level figures come from one ordered pass over ``watch_blocks`` (one
+row per event, hashes as JSON) that
 replays each source's cache (``replay``): cached blocks by medium over time,
 lifetimes from stored to removed, re-announced (reused) blocks, blocks
 recomputed after an eviction, clears and restarts, and blocks held by several
@@ -13,6 +14,7 @@ overwrites per batch). Times are seconds since the run's start (``t_s``).
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections import defaultdict
@@ -206,7 +208,7 @@ def replay(source: Source, run_id: int, *, points: int = 400) -> Replay:
         )
         total = conn.execute(
             "SELECT COUNT(*) FROM watch_blocks WHERE run_id = ?", (run_id,)
-        ).fetchone()[0]
+        ).fetchone()[0]  # events: a sample after every n-th
         every = max(1, total // max(points, 1))
         caches: dict[int, SourceCache] = defaultdict(SourceCache)
         holders: dict[tuple[str, int], set[int]] = defaultdict(set)
@@ -241,36 +243,39 @@ def replay(source: Source, run_id: int, *, points: int = 400) -> Replay:
                 )
 
         rows = conn.execute(
-            "SELECT source, ts_ns, op, block_hash, medium FROM watch_blocks "
+            "SELECT source, ts_ns, op, block_hashes, medium FROM watch_blocks "
             "WHERE run_id = ? ORDER BY rowid",
             (run_id,),
         )
         i = 0
         ts_ns = origin
-        for src, ts_ns, op, block, medium in rows:
+        for src, ts_ns, op, hashes, medium in rows:
             cache = caches[src]
             engine = engines.get(src, "")
-            key = (medium, block)
             if op == OP_STORED:
-                cache.stored += 1
-                if key in cache.cached:
-                    cache.reannounced += 1
-                else:
+                for block in json.loads(hashes):
+                    key = (medium, block)
+                    cache.stored += 1
+                    if key in cache.cached:
+                        cache.reannounced += 1
+                        continue
                     if key in cache.evicted:
                         cache.recomputed += 1
                         cache.evicted.discard(key)
                     if cache.store(key, ts_ns):
                         hold(engine, block, src, True)
             elif op == OP_REMOVED:
-                cache.removed += 1
-                stored_ns = cache.cached.get(key)
-                if stored_ns is None:
-                    cache.removed_unknown += 1
-                else:
-                    cache.lifetimes_ns.append(ts_ns - stored_ns)
-                    if cache.remove(key):
-                        hold(engine, block, src, False)
-                cache.evicted.add(key)
+                for block in json.loads(hashes):
+                    key = (medium, block)
+                    cache.removed += 1
+                    stored_ns = cache.cached.get(key)
+                    if stored_ns is None:
+                        cache.removed_unknown += 1
+                    else:
+                        cache.lifetimes_ns.append(ts_ns - stored_ns)
+                        if cache.remove(key):
+                            hold(engine, block, src, False)
+                    cache.evicted.add(key)
             elif op in (OP_CLEARED, OP_RESET):
                 if op == OP_CLEARED:
                     cache.clears += 1
@@ -383,7 +388,7 @@ def prefix_tree(source: Source, run_id: int, *, top: int = 10) -> list[SharedPre
     times the extra continuations sharing it (what prefix caching saves there)."""
     with _connection(source) as conn:
         rows = conn.execute(
-            """SELECT s.engine, b.block_hash, b.parent_hash, b.source, s.block_size
+            """SELECT s.engine, b.block_hashes, b.parent_hash, b.source, s.block_size
                FROM watch_blocks b JOIN watch_sources s
                  ON s.run_id = b.run_id AND s.source = b.source
                WHERE b.run_id = ? AND b.op = ?""",
@@ -397,10 +402,12 @@ def prefix_tree(source: Source, run_id: int, *, top: int = 10) -> list[SharedPre
         parent: dict[int, int | None] = {}
         holders: dict[int, set[int]] = defaultdict(set)
         block_size: dict[int, int | None] = {}
-        for block, par, src, size in blocks:
-            parent.setdefault(block, par)
-            holders[block].add(src)
-            block_size[block] = size
+        for hashes, par, src, size in blocks:
+            for block in json.loads(hashes):
+                parent.setdefault(block, par)
+                holders[block].add(src)
+                block_size[block] = size
+                par = block
         children: dict[int, list[int]] = defaultdict(list)
         for block, par in parent.items():
             if par is not None and par != block:

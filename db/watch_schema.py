@@ -2,8 +2,10 @@
 raw events, incidents and /metrics samples.
 
 ``create_watch_tables`` is schema version 3's migration body (``db.migrations``);
-change it only by adding a migration. Block events are one row per block hash,
-so the prefix tree and cross-engine duplicates are plain SQL over this table.
+change it only by adding a migration. ``watch_blocks`` holds one row per event
+as published, its hashes a JSON array (one row per hash would cost several
+times the insert rate at fleet scale); the view ``watch_block_hashes`` gives
+one row per block with its parent, for plain SQL.
 """
 
 from __future__ import annotations
@@ -23,7 +25,17 @@ CLEARING_OPS = (OP_CLEARED, OP_RESET)
 EVENTS_SOURCE = "events"
 METRICS_SOURCE = "metrics"
 
-BLOCK_COLUMNS = ("source", "seq", "ts_ns", "op", "block_hash", "parent_hash", "medium", "group_idx")
+BLOCK_COLUMNS = (
+    "source",
+    "seq",
+    "ts_ns",
+    "op",
+    "block_hashes",
+    "parent_hash",
+    "medium",
+    "group_idx",
+    "blocks",
+)
 RAW_COLUMNS = ("source", "seq", "ts_ns", "type", "payload")
 INCIDENT_COLUMNS = (
     "source",
@@ -92,14 +104,25 @@ def create_watch_tables(db: Database) -> None:
             "seq": int,
             "ts_ns": int,  # the engine's timestamp on the run's clock
             "op": int,
-            "block_hash": int,  # signed 64-bit
-            "parent_hash": int,
+            "block_hashes": str,  # JSON array of signed 64-bit hashes, parent first
+            "parent_hash": int,  # of the first block (BlockStored)
             "medium": str,
             "group_idx": int,
+            "blocks": int,  # length of block_hashes
         },
     )
-    # One index: lifetimes, reuse, duplicates and the prefix tree all look blocks up by hash.
-    db["watch_blocks"].create_index(["run_id", "block_hash"])
+    # No index: every reader replays the table in arrival order, and an index
+    # would halve the rate the writer keeps up with.
+    db.execute(
+        """CREATE VIEW watch_block_hashes AS
+           SELECT b.run_id, b.rowid AS event_id, b.source, b.seq, b.ts_ns, b.op,
+                  j.key AS position, j.value AS block_hash,
+                  CASE WHEN j.key = 0 THEN b.parent_hash
+                       ELSE json_extract(b.block_hashes, '$[' || (j.key - 1) || ']') END
+                    AS parent_hash,
+                  b.medium, b.group_idx
+           FROM watch_blocks b, json_each(b.block_hashes) j"""
+    )
     db["watch_raw"].create(
         {
             "run_id": int,

@@ -199,7 +199,7 @@ class WatchRecorder:
         for index, seq, events in pending:
             if isinstance(events, float):
                 stamp = ts_ns(events) - 1  # just before the new engine's first batch
-                batch.blocks.append((index, None, stamp, OP_RESET, None, None, None, None))
+                batch.blocks.append((index, None, stamp, OP_RESET, None, None, None, None, 0))
             else:
                 stamp = ts_ns(events.ts)
                 batch_rows(index, seq, stamp, events, attrs[index], batch.blocks, batch.raw)

@@ -1,16 +1,15 @@
 """Decoded batches as ``watch_blocks`` and ``watch_raw`` rows.
 
-One row per block hash: a BlockStored of n blocks chains them, so block i's
-parent is block i-1 and the first one's is the event's ``parent_block_hash``;
-the prefix tree is then a self-join on (block_hash, parent_hash). Token ids are
-not kept: a block's identity is its hash, its size is the source's block size.
+One row per event, its hashes a JSON array: a BlockStored of n blocks chains
+them, so block i's parent is block i-1 and the first one's is the event's
+``parent_block_hash``. Token ids are not kept: a block's identity is its hash,
+its size is the source's block size.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
@@ -43,6 +42,9 @@ class SourceAttrs:
         )
 
 
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _json_default(value: Any) -> Any:
     return value.hex() if isinstance(value, bytes) else repr(value)
 
@@ -66,18 +68,10 @@ def batch_rows(
         if kind == BLOCK_STORED:
             hashes = event.block_hashes
             medium = event.medium
-            blocks.extend(
-                zip(
-                    repeat(source),
-                    repeat(seq),
-                    repeat(ts_ns),
-                    repeat(OP_STORED),
-                    hashes,
-                    [event.parent_block_hash, *hashes[:-1]],
-                    repeat(medium),
-                    repeat(event.group_idx),
-                )
-            )
+            blocks.append(
+                (*head, OP_STORED, _encode(hashes), event.parent_block_hash, medium,
+                 event.group_idx, len(hashes))
+            )  # fmt: skip
             attrs.block_events += len(hashes)
             if event.block_size is not None:
                 attrs.block_size = event.block_size
@@ -89,18 +83,10 @@ def batch_rows(
                 attrs.lora_names.add(event.lora_name)
         elif kind == BLOCK_REMOVED:
             hashes = event.block_hashes
-            blocks.extend(
-                zip(
-                    repeat(source),
-                    repeat(seq),
-                    repeat(ts_ns),
-                    repeat(OP_REMOVED),
-                    hashes,
-                    repeat(None),
-                    repeat(event.medium),
-                    repeat(event.group_idx),
-                )
-            )
+            blocks.append(
+                (*head, OP_REMOVED, _encode(hashes), None, event.medium, event.group_idx,
+                 len(hashes))
+            )  # fmt: skip
             attrs.block_events += len(hashes)
         elif kind == ALL_BLOCKS_CLEARED:
-            blocks.append((*head, OP_CLEARED, None, None, None, None))
+            blocks.append((*head, OP_CLEARED, None, None, None, None, 0))

@@ -61,7 +61,8 @@ def test_records_what_was_sent(tmp_path: Path, publishers) -> None:
     assert status.block_events == len(sent)
     rows = _rows(
         tmp_path / "w.db",
-        "SELECT op, block_hash, parent_hash, seq, medium FROM watch_blocks ORDER BY rowid",
+        "SELECT op, block_hash, parent_hash, seq, medium FROM watch_block_hashes "
+        "ORDER BY event_id, position",
     )
     assert [r[:3] for r in rows] == sent
     assert [r[3] for r in rows] == sorted(r[3] for r in rows)  # in sequence order
@@ -69,7 +70,7 @@ def test_records_what_was_sent(tmp_path: Path, publishers) -> None:
     ((kind, status_text, written),) = _rows(
         tmp_path / "w.db", "SELECT kind, status, events_written FROM runs"
     )
-    assert (kind, status_text, written) == ("watch", "complete", len(sent))
+    assert (kind, status_text, written) == ("watch", "complete", 100)  # KV events
     (src,) = q.watch_sources(tmp_path / "w.db", session.run_id)
     assert (src.batches, src.last_seq, src.block_size, src.block_events) == (100, 99, 16, len(sent))
 
@@ -89,8 +90,8 @@ def test_gap_is_filled_from_the_replay_buffer(
     status = session.stop()
     assert (status.gaps, status.recovered_batches, status.lost_batches) == (1, 3, 0)
     db = tmp_path / "w.db"
-    assert _rows(db, "SELECT seq, block_hash FROM watch_blocks ORDER BY rowid") == [
-        (s, s + 1) for s in range(6)
+    assert _rows(db, "SELECT seq, block_hashes FROM watch_blocks ORDER BY rowid") == [
+        (s, f"[{s + 1}]") for s in range(6)
     ]
     gap = [i for i in q.incidents(db, session.run_id) if i.kind == "gap"]
     assert [(i.first_seq, i.last_seq, i.recovered, i.lost) for i in gap] == [(1, 3, 3, 0)]
@@ -140,11 +141,11 @@ def test_restart_resets_the_source(tmp_path: Path, publishers) -> None:
     wait_until(lambda: session.status().batches == 7)
     status = session.stop()
     assert status.restarts == 1
-    ops = _rows(db, "SELECT op, block_hash FROM watch_blocks ORDER BY rowid")
-    assert ops == [(OP_STORED, 10 + h) for h in range(5)] + [
+    ops = _rows(db, "SELECT op, block_hashes FROM watch_blocks ORDER BY rowid")
+    assert ops == [(OP_STORED, f"[{10 + h}]") for h in range(5)] + [
         (OP_RESET, None),
-        (OP_STORED, 99),
-        (OP_STORED, 100),
+        (OP_STORED, "[99]"),
+        (OP_STORED, "[100]"),
     ]
     kinds = [i.kind for i in q.incidents(db, session.run_id)]
     assert kinds.count("restart") == 1 and "disconnected" in kinds

@@ -1,0 +1,180 @@
+"""How fast ``kvscope watch`` records: block events/s from many engines, zero loss.
+
+``--sources`` synthetic publishers (default 64), framed exactly as vLLM's
+ZmqEventPublisher with a replay buffer each, run in a separate process and
+send ``--batches`` batches each as fast as they can over loopback TCP. Each
+batch holds ``--stored`` BlockStored events of ``--blocks`` hashes (about half
+of them >= 2^63, as vLLM's are) and as many BlockRemoved events.
+
+Two measurements in the same run:
+
+- baseline: a bare SUB loop that only receives the frames (what ZMQ and
+  Python deliver here, nothing decoded or written);
+- watch: a full WatchSession (decode, sequence tracking, replay of any gap,
+  rows, SQLite) until every batch is committed; the check that nothing was
+  lost compares the database's row count with what was sent.
+
+Prints block events/s for both, their ratio, gaps/replays/lost batches and the
+process's peak RSS.
+
+    .venv/bin/python bench/watch_rate.py [--sources 64] [--batches 200] [--blocks 16] [--stored 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import random
+import resource
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+import common  # noqa: F401  (sets the import path)
+import zmq
+
+from profiler.watch.publisher import EventPublisher
+from profiler.watch.session import WatchSession
+from profiler.watch.sources import expand_sources
+
+
+def _payloads(pub: EventPublisher, rng: random.Random, args: argparse.Namespace) -> list[bytes]:
+    out = []
+    for _ in range(args.batches):
+        events = []
+        for _ in range(args.stored):
+            hashes = [rng.getrandbits(64) for _ in range(args.blocks)]
+            events.append(
+                {
+                    "type": "BlockStored",
+                    "block_hashes": hashes,
+                    "parent_block_hash": None,
+                    "token_ids": [],
+                    "block_size": 16,
+                    "lora_id": None,
+                    "medium": "GPU",
+                    "lora_name": None,
+                    "extra_keys": None,
+                    "group_idx": 0,
+                    "kv_cache_spec_kind": "full_attention",
+                }
+            )
+            events.append({"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"})
+        out.append(pub.encode(events))
+    return out
+
+
+def _publish(args: argparse.Namespace, ports: mp.Queue, go: mp.Event, subscribers: int) -> None:
+    ctx = zmq.Context()
+    pubs = [
+        EventPublisher(
+            "tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", dp_rank=0, context=ctx
+        )
+        for _ in range(args.sources)
+    ]
+    ports.put([(p.endpoint, p.replay_endpoint) for p in pubs])
+    rng = random.Random(7)
+    payloads = [_payloads(p, rng, args) for p in pubs]
+    for pub in pubs:
+        pub.wait_for_subscribers(subscribers, timeout_s=60)
+    go.wait()
+    # Round-robin, as engines stepping side by side would.
+    for i in range(args.batches):
+        for pub, batches in zip(pubs, payloads, strict=True):
+            pub.publish_payload(batches[i])
+    time.sleep(60)  # keep the replay buffers up until the parent is done
+
+
+def _start_publishers(args: argparse.Namespace, subscribers: int):
+    ctx = mp.get_context("spawn")
+    ports, go = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=_publish, args=(args, ports, go, subscribers), daemon=True)
+    proc.start()
+    return proc, ports.get(timeout=120), go
+
+
+def baseline(args: argparse.Namespace, blocks_per_batch: int) -> float:
+    """Block events/s a bare SUB receives (no decoding, no database)."""
+    proc, endpoints, go = _start_publishers(args, 1)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 1_000_000)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    for endpoint, _ in endpoints:
+        sub.connect(endpoint)
+    total = args.sources * args.batches
+    time.sleep(0.5)
+    go.set()
+    got = 0
+    sub.recv_multipart()
+    start = time.perf_counter()
+    got = 1
+    while got < total:
+        sub.recv_multipart()
+        got += 1
+    elapsed = time.perf_counter() - start
+    sub.close(0)
+    ctx.term()
+    proc.kill()
+    return (total - 1) * blocks_per_batch / elapsed
+
+
+def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
+    proc, endpoints, go = _start_publishers(args, 1)
+    specs = [s for e, r in endpoints for s in expand_sources(e, replay=r)]
+    session = WatchSession(db, specs).start()
+    total = args.sources * args.batches
+    time.sleep(0.5)
+    go.set()
+    while session.status().batches == 0:
+        time.sleep(0.001)
+    start = time.perf_counter()
+    while True:
+        status = session.status()
+        if status.batches + status.lost_batches >= total and status.queued == 0:
+            break
+        time.sleep(0.005)
+    status = session.stop()
+    elapsed = time.perf_counter() - start
+    proc.kill()
+    conn = sqlite3.connect(db)
+    rows = conn.execute("SELECT SUM(blocks) FROM watch_blocks").fetchone()[0]
+    conn.close()
+    return {
+        "rate": status.block_events / elapsed,
+        "rows": rows,
+        "expected": total * blocks_per_batch,
+        "gaps": status.gaps,
+        "recovered": status.recovered_batches,
+        "lost": status.lost_batches,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sources", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=200, help="batches per source")
+    parser.add_argument("--blocks", type=int, default=16, help="hashes per event")
+    parser.add_argument("--stored", type=int, default=3, help="BlockStored events per batch")
+    args = parser.parse_args()
+    blocks_per_batch = 2 * args.stored * args.blocks
+    base = baseline(args, blocks_per_batch)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = watch(args, Path(tmp) / "watch.db", blocks_per_batch)
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{args.sources} sources x {args.batches} batches x {blocks_per_batch} block events")
+    print(f"baseline (receive only): {base:,.0f} block events/s")
+    print(f"kvscope watch (recorded): {result['rate']:,.0f} block events/s "
+          f"({result['rate'] / base:.2f}x the baseline)")  # fmt: skip
+    print(
+        f"rows {result['rows']:,} of {result['expected']:,} sent; gaps {result['gaps']}, "
+        f"replayed {result['recovered']} batches, lost {result['lost']}"
+    )
+    print(f"peak RSS of the watching process: {peak_mib:,.0f} MiB")
+    if result["rows"] != result["expected"]:
+        raise SystemExit("LOSS: the database does not hold every block event sent")
+
+
+if __name__ == "__main__":
+    main()
