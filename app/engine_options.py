@@ -11,6 +11,7 @@ import re
 
 from engine.engine_config import (
     ATTENTION_BACKENDS,
+    ATTENTION_MODES,
     EVICTION_POLICIES,
     OFFLOAD_MODES,
     PREEMPTION_MODES,
@@ -139,6 +140,48 @@ def add_engine_options(
         help="weight storage: fp32 (exact), bf16 or int8 (faster on CPUs with bf16 instructions) (default fp32)",
     )
     g.add_argument(
+        "--attention-mode",
+        choices=ATTENTION_MODES,
+        default="full",
+        help="full: attend to every cached token; infllm: initial + local tokens resident, "
+        "distant blocks in the host tier, top-k retrieved per step (default full)",
+    )
+    g.add_argument(
+        "--infllm-initial-tokens",
+        type=int,
+        default=64,
+        metavar="N",
+        help="infllm: attention-sink tokens kept resident, rounded up to pages (default 64)",
+    )
+    g.add_argument(
+        "--infllm-local-tokens",
+        type=int,
+        default=256,
+        metavar="N",
+        help="infllm: most recent tokens kept resident, rounded up to pages (default 256)",
+    )
+    g.add_argument(
+        "--infllm-topk-blocks",
+        type=int,
+        default=8,
+        metavar="K",
+        help="infllm: distant blocks retrieved per layer per step (default 8)",
+    )
+    g.add_argument(
+        "--infllm-block-pages",
+        type=int,
+        default=4,
+        metavar="N",
+        help="infllm: pages per memory block (default 4)",
+    )
+    g.add_argument(
+        "--infllm-repr-tokens",
+        type=int,
+        default=4,
+        metavar="N",
+        help="infllm: representative keys per block, per layer and KV head (default 4)",
+    )
+    g.add_argument(
         "--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)"
     )
 
@@ -173,4 +216,10 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         chunked_prefill=not args.no_chunked_prefill,
         max_num_seqs=args.max_num_seqs,
         weights_dtype=args.weights_dtype,
+        attention_mode=args.attention_mode,
+        infllm_initial_tokens=args.infllm_initial_tokens,
+        infllm_local_tokens=args.infllm_local_tokens,
+        infllm_topk_blocks=args.infllm_topk_blocks,
+        infllm_block_pages=args.infllm_block_pages,
+        infllm_repr_tokens=args.infllm_repr_tokens,
     )

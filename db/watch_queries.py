@@ -157,7 +157,8 @@ class SourceCache:
         """Drop everything; returns the hashes this source no longer holds."""
         hashes = list(self.media_of)
         self.cached.clear()
-        self.by_medium.clear()
+        for medium in self.by_medium:  # kept at 0 so a chart's line drops to 0
+            self.by_medium[medium] = 0
         self.media_of.clear()
         self.evicted.clear()
         return hashes

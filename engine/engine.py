@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +33,7 @@ from engine.events import (
 )
 from engine.eviction import make_policy
 from engine.host_tier import HostTier
+from engine.infllm import InfLLMMemory
 from engine.kv_manager import KVCacheManager
 from engine.kv_storage import KVStorage
 from engine.loader import LoadedModel, load_model
@@ -130,10 +131,15 @@ class Engine:
             self.cost_device.pcie_gbps,
             self.cost_device.fp16_tflops,
         )
-        if self.config.offload != "never" or self.config.preemption == "swap":
+        if (
+            self.config.offload != "never"
+            or self.config.preemption == "swap"
+            or self.config.attention_mode == "infllm"
+        ):
             slots = max(1, int(self.config.host_budget_bytes // page_bytes))
             self.kv.host = HostTier(self.storage.tensors, slots)
-        if self.config.prefix_cache:
+        # InfLLM moves a request's distant pages to the host tier, so they cannot be shared.
+        if self.config.prefix_cache and self.config.attention_mode == "full":
             self.kv.prefix = RadixCache(
                 self.kv.pool,
                 self.bus,
@@ -145,6 +151,8 @@ class Engine:
             self.model, self.storage, backend=resolve_attention_backend(self.config)
         )
         self.runner.kernel_sink = self._on_kernel
+        if self.config.attention_mode == "infllm":
+            self.kv.infllm = self.runner.infllm = InfLLMMemory(self.config, self.kv, self.storage)
         self.scheduler = Scheduler(self.config, self.kv)
         self.step_count = 0
         self._next_id = 0
@@ -382,12 +390,19 @@ class Engine:
 
     # --- convenience ----------------------------------------------------------
 
-    def score(self, token_ids: list[int], chunk: int = 512) -> torch.Tensor:
+    def score(
+        self,
+        token_ids: list[int],
+        chunk: int = 512,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Logits at every position of ``token_ids`` [n, vocab], computed through the paged cache.
 
         The sequence is fed in chunks, each attending to the K/V the previous
         chunks left in the pages, so this measures exactly what the cache (and
         its KV dtype) gives back: perplexity and KL evaluations use it.
+        ``reduce`` maps each chunk's logits to what is kept (long sequences: the
+        full [n, vocab] logits take n x 200 KB).
         """
         if self.scheduler.has_work():
             raise KvscopeError("score() needs an idle engine")
@@ -409,7 +424,8 @@ class Engine:
                 self.kv.grow(req, req.num_computed + n)
                 inputs = self.runner.prepare([req], [n])
                 rows = torch.arange(len(inputs.token_ids))
-                parts.append(self.runner.execute_rows(inputs, rows))
+                logits = self.runner.execute_rows(inputs, rows)
+                parts.append(logits if reduce is None else reduce(logits))
                 req.num_computed += n
         finally:
             self.kv.release(req)

@@ -11,6 +11,8 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
 OFFLOAD_MODES = ("auto", "always", "never")
 PREEMPTION_MODES = ("recompute", "swap")
+ATTENTION_MODES = ("full", "infllm")
+INFLLM_KV_DTYPES = ("fp32", "fp16", "bf16")  # infllm reads representative keys from the pages
 WEIGHT_DTYPES = ("fp32", "bf16", "int8")
 
 
@@ -36,6 +38,13 @@ class EngineConfig:
     max_num_seqs: int = 64
     weights_dtype: str = "fp32"  # fp32 (exact, the oracle path) | bf16 | int8
     page_map_every: int = 4  # steps between page-occupancy snapshots
+    # InfLLM (engine/infllm.py): sinks + local window resident, top-k distant blocks retrieved.
+    attention_mode: str = "full"
+    infllm_initial_tokens: int = 64
+    infllm_local_tokens: int = 256
+    infllm_topk_blocks: int = 8
+    infllm_block_pages: int = 4
+    infllm_repr_tokens: int = 4
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -74,3 +83,18 @@ class EngineConfig:
         )
         check(self.max_batched_tokens >= 1, "max batched tokens must be >= 1")
         check(self.max_num_seqs >= 1, "max sequences must be >= 1")
+        check(
+            self.attention_mode in ATTENTION_MODES,
+            f"attention mode must be one of {', '.join(ATTENTION_MODES)}",
+        )
+        if self.attention_mode == "infllm":
+            check(self.infllm_initial_tokens >= 0, "--infllm-initial-tokens must be >= 0")
+            check(self.infllm_local_tokens >= 1, "--infllm-local-tokens must be >= 1")
+            check(self.infllm_topk_blocks >= 1, "--infllm-topk-blocks must be >= 1")
+            check(self.infllm_block_pages >= 1, "--infllm-block-pages must be >= 1")
+            check(self.infllm_repr_tokens >= 1, "--infllm-repr-tokens must be >= 1")
+            check(
+                self.kv_dtype in INFLLM_KV_DTYPES,
+                f"infllm attention needs a float KV dtype ({', '.join(INFLLM_KV_DTYPES)})",
+            )
+            check(self.preemption != "swap", "infllm attention does not support --preemption swap")

@@ -254,6 +254,28 @@ class GpuSample(Event):
     torch_allocated_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class InfLLMRetrieval(Event):
+    """One step of InfLLM retrieval for one request, summed over layers.
+
+    ``chosen_blocks[i]`` was chosen by ``chosen_layers[i]`` layers; a reload
+    copies one block of one layer from the host tier; a hit found it in the
+    request's retrieved-block cache.
+    """
+
+    kind: ClassVar[str] = "infllm_retrieval"
+    request_id: int
+    blocks_total: int
+    blocks_scored: int
+    chosen_blocks: tuple[int, ...]
+    chosen_layers: tuple[int, ...]
+    blocks_reloaded: int
+    cache_hits: int
+    resident_bytes: int
+    offloaded_bytes: int
+    seconds: float
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -278,6 +300,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         StepSummary,
         KernelTiming,
         GpuSample,
+        InfLLMRetrieval,
     )
 }
 

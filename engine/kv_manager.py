@@ -22,6 +22,7 @@ from engine.events import (
     now_ns,
 )
 from engine.host_tier import HostTier
+from engine.infllm import OFFLOADED, InfLLMMemory
 from engine.page_pool import PagePool
 from engine.prefix_cache import PrefixCache
 from engine.request import Request
@@ -37,6 +38,7 @@ class KVCacheManager:
         self.prefix: PrefixCache | None = None
         self.host: HostTier | None = None
         self.swapped: dict[int, Request] = {}
+        self.infllm: InfLLMMemory | None = None  # set by the engine in infllm attention mode
         # Prefix-cache accounting in tokens, counted once per admission (hit rate = hit / queried).
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
@@ -77,7 +79,9 @@ class KVCacheManager:
         req.cache_node, req.cached_pages = None, 0
         if not req.pages:
             return
-        pages = req.pages
+        pages = self.device_pages(req)
+        if self.infllm is not None:
+            self.infllm.drop(req)
         req.pages = []
         if self.prefix is not None:
             self.prefix.release(pages)  # the cache's unlock: its evictable set stays exact
@@ -86,6 +90,13 @@ class KVCacheManager:
         self.holders.pop(req.request_id, None)
         if self.bus.active:
             self.bus.emit(PagesFreed(now_ns(), self.step, req.request_id, tuple(pages)))
+
+    def device_pages(self, req: Request) -> list[int]:
+        """Device pages the request holds: its own (infllm's offloaded ones excluded) and its
+        retrieved-block cache."""
+        if self.infllm is None:
+            return req.pages
+        return [p for p in req.pages if p != OFFLOADED] + self.infllm.cache_pages(req)
 
     # --- prefix cache -------------------------------------------------------------
 
@@ -195,7 +206,7 @@ class KVCacheManager:
             owners[self.prefix.take_evicted()] = PAGE_EVICTED
             owners[self.prefix.cached_only_pages()] = PAGE_CACHED
         for rid, req in self.holders.items():
-            owners[req.pages] = rid
+            owners[self.device_pages(req)] = rid
         return owners
 
     def emit_page_map(self) -> None:
@@ -207,13 +218,17 @@ class KVCacheManager:
         summary's O(requests) occupancy equals a page-by-page count."""
         self.pool.check_integrity()
         n, ps = self.pool.num_pages, self.page_size
-        held = [np.asarray(req.pages, dtype=np.int64) for req in self.holders.values()]
+        held = [np.asarray(self.device_pages(req), dtype=np.int64) for req in self.holders.values()]
         by_requests = np.bincount(np.concatenate([np.zeros(0, np.int64), *held]), minlength=n)
         by_cache = np.zeros(n, dtype=np.int64)
         fill = np.zeros(n, dtype=np.int64)  # tokens stored per page (a shared page counts once)
-        for req, pages in zip(self.holders.values(), held, strict=True):
+        for req in self.holders.values():
+            pages = np.asarray(req.pages, dtype=np.int64)
             written = np.clip(req.num_computed - ps * np.arange(len(pages)), 0, ps)
-            np.maximum.at(fill, pages, written)
+            on_device = pages != OFFLOADED
+            np.maximum.at(fill, pages[on_device], written[on_device])
+            if self.infllm is not None:
+                fill[self.infllm.cache_pages(req)] = ps  # retrieved blocks: full pages
         if self.prefix is not None:
             self.prefix.check_integrity()
             cached = self.prefix.device_pages_held()
@@ -234,6 +249,8 @@ class KVCacheManager:
         )
         if self.host is not None:
             held = self.prefix.host_slots() if self.prefix is not None else set()
+            if self.infllm is not None:
+                held |= self.infllm.host_slots()
             for req in self.swapped.values():
                 assert not (held & set(req.host_slots)), "host slot held twice"
                 held |= set(req.host_slots)

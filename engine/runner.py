@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.infllm import InfLLMMemory
 from engine.kv_storage import KVStorage
 from engine.model import DecoderModel
 from engine.request import Request
@@ -39,6 +40,7 @@ class ModelRunner:
         self.storage = storage
         self.backend = backend
         self.kernel_sink: KernelSink | None = None
+        self.infllm: InfLLMMemory | None = None  # infllm attention: per-layer page tables
 
     def prepare(self, requests: list[Request], num_new: list[int]) -> StepInputs:
         page_size = self.storage.page_size
@@ -58,12 +60,15 @@ class ModelRunner:
             if start + n == req.num_tokens:
                 logits_rows.append(len(tokens) - 1)
                 sampling.append(req)
-        meta = AttentionMetadata.build(
-            [r.pages for r in requests],
-            list(num_new),
-            [r.num_computed + n for r, n in zip(requests, num_new, strict=True)],
-            page_size,
-        )
+        if self.infllm is not None:
+            meta = self.infllm.plan(requests, num_new)
+        else:
+            meta = AttentionMetadata.build(
+                [r.pages for r in requests],
+                list(num_new),
+                [r.num_computed + n for r, n in zip(requests, num_new, strict=True)],
+                page_size,
+            )
         return StepInputs(
             token_ids=torch.tensor(tokens, dtype=torch.long),
             positions=torch.tensor(positions, dtype=torch.long),
@@ -92,14 +97,18 @@ class ModelRunner:
             entry[4] += nbytes
 
         sink = on_kernel if self.kernel_sink is not None else None
+        infllm = self.infllm
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             pages = storage.layer(layer)
             pages.write(inputs.slots, k, v)
+            layer_meta = (
+                meta if infllm is None else infllm.layer_metadata(layer, q, pages.data, meta)
+            )
             return paged_attention(
                 q,
                 pages.data,
-                meta,
+                layer_meta,
                 backend=backend,
                 kv_format=pages.kv_format,
                 scales=pages.scales,
@@ -109,4 +118,6 @@ class ModelRunner:
         logits = self.model.forward(inputs.token_ids, inputs.positions, attend, logits_rows)
         for name, (shape, calls, seconds, flops, nbytes) in totals.items():
             self.kernel_sink(name, f"{shape} layers={calls}", seconds, flops, nbytes)
+        if infllm is not None:
+            infllm.finish_step()
         return logits

@@ -1,0 +1,97 @@
+"""``kvscope watch`` from the command line: a recorded run, Ctrl-C, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from tests.watch.conftest import free_port
+from tests.watch.payloads import vllm_stored
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_watch_records_for_a_duration(tmp_path: Path, publishers, capsys) -> None:
+    pub = publishers(replay_endpoint="tcp://127.0.0.1:*")
+
+    def engine() -> None:
+        pub.wait_for_subscribers()
+        for h in range(5):
+            pub.publish([vllm_stored([h, h + 100])])
+
+    thread = threading.Thread(target=engine)
+    thread.start()
+    db = tmp_path / "w.db"
+    code = main(
+        ["watch", str(db), "--source", pub.endpoint, "--replay", pub.replay_endpoint,
+         "--duration", "1.5", "--json"]
+    )  # fmt: skip
+    thread.join()
+    assert code == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    summary = lines[-1]
+    assert (summary["status"], summary["batches"], summary["block_events"]) == ("complete", 5, 10)
+    assert all("block_events_per_s" in line for line in lines[:-1])
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT kind, status FROM runs").fetchall() == [("watch", "complete")]
+    conn.close()
+
+
+def test_ctrl_c_marks_the_run_interrupted(tmp_path: Path) -> None:
+    db = tmp_path / "w.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "watch", str(db), "--source",
+         f"tcp://127.0.0.1:{free_port()}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    first = proc.stdout.readline()  # the banner: the run exists and the watch is live
+    assert first.startswith("kvscope watch: run 1")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "run 1 interrupted" in out
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--source", "http://x:1"], "must start with tcp://"),
+        (
+            ["--source", "tcp://h:1", "--replay", "tcp://h:2", "--replay", "tcp://h:3"],
+            "one per source",
+        ),
+        (["--source", "tcp://h:1", "--metrics", "ftp://h/metrics"], "http:// or https://"),
+        ([], "nothing to watch"),
+        (["--source", "tcp://h:1", "--duration", "0"], "--duration must be positive"),
+        (["--source", "tcp://h:1", "--dp-size", "0"], "at least 1"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, capsys, args: list[str], message: str
+) -> None:
+    assert main(["watch", str(tmp_path / "w.db"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvscope: error: ") and message in err and err.count("\n") == 1
+
+
+def test_listen_on_a_busy_port_is_one_line(tmp_path: Path, publishers, capsys) -> None:
+    busy = publishers("tcp://127.0.0.1:*").endpoint  # a publisher already bound there
+    assert main(["watch", str(tmp_path / "w.db"), "--listen", busy, "--duration", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvscope: error: cannot listen on {busy}") and err.count("\n") == 1
+    conn = sqlite3.connect(tmp_path / "w.db")
+    assert conn.execute("SELECT status FROM runs").fetchall() == [("failed",)]
+    conn.close()
