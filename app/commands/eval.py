@@ -1,0 +1,132 @@
+"""``kvscope eval``: full attention vs InfLLM on the same inputs.
+
+``eval passkey`` hides a 5-digit key at several depths of long filler text
+and asks for it; ``eval perplexity`` scores a long deterministic text (built
+from the bundled corpus in ``app/evals/corpus.py``) and compares perplexity and
+top-1 agreement with full attention. Both report resident KV bytes per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from app.engine_options import add_engine_options, engine_config_from_args
+from engine.errors import KvscopeError
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"lengths must be >= 1, got {text!r}")
+    return values
+
+
+def _depths(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if any(not 0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"depths must be in [0, 1], got {text!r}")
+    return values
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="compare full attention and InfLLM: passkey retrieval, perplexity",
+        description=__doc__,
+    )
+    tasks = p.add_subparsers(dest="task", metavar="TASK")
+    tasks.required = True
+    pk = tasks.add_parser("passkey", help="passkey accuracy over context lengths and depths")
+    pk.add_argument(
+        "--lengths",
+        type=_ints,
+        default=[1024, 2048, 4096, 8000],
+        metavar="N,N",
+        help="prompt lengths in tokens (default 1024,2048,4096,8000)",
+    )
+    pk.add_argument(
+        "--depths",
+        type=_depths,
+        default=[0.1, 0.5, 0.9],
+        metavar="D,D",
+        help="needle depths, 0 = start of the filler, 1 = end (default 0.1,0.5,0.9)",
+    )
+    ppl = tasks.add_parser("perplexity", help="perplexity and top-1 agreement on long text")
+    ppl.add_argument(
+        "--lengths",
+        type=_ints,
+        default=[4096, 8000],
+        metavar="N,N",
+        help="text lengths in tokens (default 4096,8000)",
+    )
+    ppl.add_argument(
+        "--chunk", type=int, default=256, metavar="N", help="tokens scored per step (default 256)"
+    )
+    for task in (pk, ppl):
+        task.add_argument("--seed", type=int, default=0, help="passkey digits / text seed")
+        task.add_argument("--json", action="store_true", help="one JSON document on stdout")
+        add_engine_options(task, kv_budget="512MiB")
+        task.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.evals.compare import Comparison
+    from app.evals.report import passkey_table, perplexity_table
+
+    config = engine_config_from_args(args)
+    if args.task == "perplexity" and args.chunk < 1:
+        raise KvscopeError("--chunk must be >= 1")
+    longest = max(args.lengths)
+    comparison = Comparison(config)
+    limit = comparison.engines["full"].max_request_tokens
+    if longest + (8 if args.task == "passkey" else 0) > limit:
+        raise KvscopeError(
+            f"{longest} tokens exceed what one request may hold here ({limit}: the model's "
+            "context and the KV budget); lower --lengths or raise --kv-budget"
+        )
+    if args.task == "passkey":
+        rows = [
+            r
+            for n in args.lengths
+            for d in args.depths
+            for r in comparison.passkey(n, d, args.seed)
+        ]
+        table = passkey_table(rows)
+    else:
+        rows = [r for n in args.lengths for r in comparison.perplexity(n, args.chunk, args.seed)]
+        table = perplexity_table(rows)
+    if args.json:
+        print(
+            json.dumps(
+                {"task": args.task, "config": _infllm_config(config), "rows": table}, indent=2
+            )
+        )
+    else:
+        from app.evals.report import render
+
+        print(render(table))
+    return 0
+
+
+def _infllm_config(config) -> dict:
+    return {
+        "page_size": config.page_size,
+        "kv_dtype": config.kv_dtype,
+        "initial_tokens": config.infllm_initial_tokens,
+        "local_tokens": config.infllm_local_tokens,
+        "topk_blocks": config.infllm_topk_blocks,
+        "block_pages": config.infllm_block_pages,
+        "repr_tokens": config.infllm_repr_tokens,
+        "max_batched_tokens": config.max_batched_tokens,
+    }

@@ -1,0 +1,1 @@
+"""Long-context evaluations: passkey retrieval and perplexity, full attention vs InfLLM."""
