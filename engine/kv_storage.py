@@ -53,6 +53,11 @@ class KVStorage:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes one token's K and V take across all layers, scales included."""
+        return self.nbytes / (self.data.shape[1] * self.page_size)
+
     def layer(self, i: int) -> KVPages:
         return self.layers[i]
 

