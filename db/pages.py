@@ -36,6 +36,51 @@ from engine.events import (
 PAGE_OFFLOADED = -4
 
 
+# Page classes in the order ties between them are broken (the last wins): an
+# aggregated cell shows the class most of its pages are in.
+PAGE_CLASSES = ("free", "cached", "offloaded", "evicted", "request")
+_CLASS_CODES = np.array([PAGE_FREE, PAGE_CACHED, PAGE_OFFLOADED, PAGE_EVICTED, 0], dtype=np.int32)
+_PADDING = -99  # fills the last cell; in no class
+
+
+# Class of each page code (-code), for page_classes.
+_CLASS_OF_CODE = np.zeros(-_PADDING + 1, dtype=np.int8)
+_CLASS_OF_CODE[[-PAGE_CACHED, -PAGE_OFFLOADED, -PAGE_EVICTED, -_PADDING]] = [1, 2, 3, -1]
+
+
+def page_classes(owners: np.ndarray) -> np.ndarray:
+    """Index into PAGE_CLASSES of every page (-1 for padding)."""
+    codes = _CLASS_OF_CODE[np.clip(-owners, 0, -_PADDING)]
+    return np.where(owners >= 0, np.int8(4), codes)
+
+
+def _cells(owners: np.ndarray, per_cell: int) -> np.ndarray:
+    """``owners`` (pages first) grouped ``per_cell`` pages at a time: (cells, per_cell, ...)."""
+    pad = (-owners.shape[0]) % per_cell
+    padded = np.concatenate([owners, np.full((pad, *owners.shape[1:]), _PADDING, np.int32)])
+    return padded.reshape(-1, per_cell, *owners.shape[1:])
+
+
+def class_counts(owners: np.ndarray, per_cell: int) -> np.ndarray:
+    """Pages of each PAGE_CLASSES class in each cell of ``per_cell`` consecutive
+    pages: shape (cells, ..., len(PAGE_CLASSES)); every page is counted once."""
+    classes = page_classes(_cells(owners, per_cell))
+    return np.stack([(classes == k).sum(axis=1) for k in range(len(PAGE_CLASSES))], axis=-1)
+
+
+def dominant_owners(owners: np.ndarray, per_cell: int) -> np.ndarray:
+    """The owner each cell of ``per_cell`` consecutive pages shows (along the first
+    axis of a 1-D page map or a pages x snapshots matrix): the class most of its
+    pages are in (ties to requests, then evicted, offloaded, cached, free), and
+    for requests the highest request id among them."""
+    if per_cell == 1:
+        return owners
+    counts = class_counts(owners, per_cell)
+    best = len(PAGE_CLASSES) - 1 - np.argmax(counts[..., ::-1], axis=-1)
+    requests = _cells(owners, per_cell).max(axis=1)  # codes are negative: a request id if any
+    return np.where(best == len(PAGE_CLASSES) - 1, requests, _CLASS_CODES[best]).astype(np.int32)
+
+
 @dataclass(frozen=True, slots=True)
 class PageSnapshot:
     step: int
@@ -53,8 +98,8 @@ class PageMatrix:
 
     steps: list[int]
     t_s: list[float]
-    owners: np.ndarray  # int32, shape (pages // page_stride, len(steps))
-    page_stride: int  # row i shows page i * page_stride
+    owners: np.ndarray  # int32, shape (ceil(pages / page_stride), len(steps))
+    page_stride: int  # row i shows pages [i * page_stride, (i + 1) * page_stride)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +149,9 @@ def page_maps(
     """Page owners across snapshots, for a pages x time heatmap.
 
     At most ``max_snapshots`` snapshots, evenly spaced over the window; with
-    ``max_pages``, every ``page_stride``-th page so at most that many rows.
-    Pages missing from a smaller snapshot read as PAGE_FREE.
+    ``max_pages``, at most that many rows, each aggregating ``page_stride``
+    consecutive pages (``dominant_owners``). Pages missing from a smaller
+    snapshot read as PAGE_FREE.
     """
     with connection(source) as conn:
         start_ns = run_origin(conn, run_id)
@@ -133,7 +179,7 @@ def page_maps(
     return PageMatrix(
         steps=[row[1] for row in index],
         t_s=[(row[2] - start_ns) / 1e9 for row in index],
-        owners=owners[::stride],
+        owners=dominant_owners(owners, stride),
         page_stride=stride,
     )
 

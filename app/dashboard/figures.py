@@ -20,7 +20,16 @@ from db.kernels import DevicePeaks, TransferCost
 from db.queries import GpuPoint, KernelStat, PageMatrix, RunSummary, StepPoint
 from db.requests import RequestTrace
 from db.series import CachedSources
-from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
+from engine.events import (
+    PAGE_CACHED,
+    PAGE_EVICTED,
+    PAGE_FREE,
+    PageEvicted,
+    PageOffloaded,
+    PageReloaded,
+    RequestPreempted,
+    RequestResumed,
+)
 
 FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
 TIME_AXIS = "time since start (s)"
@@ -38,11 +47,11 @@ COLORS = {
     "device": "#2563eb",
     "host": "#f59e0b",
     "cached": "#60a5fa",
-    "page_evicted": "#dc2626",
-    "page_offloaded": "#f59e0b",
-    "page_reloaded": "#2563eb",
-    "request_preempted": "#7c3aed",
-    "request_resumed": "#94a3b8",
+    PageEvicted.kind: "#dc2626",
+    PageOffloaded.kind: "#f59e0b",
+    PageReloaded.kind: "#2563eb",
+    RequestPreempted.kind: "#7c3aed",
+    RequestResumed.kind: "#94a3b8",
     "measured": "#2563eb",
     "predicted": "#cbd5e1",
     "tflops": "#7c3aed",
@@ -58,11 +67,11 @@ PAGE_STATES = (("free", "#f1f5f9"), ("evicted", "#ef4444"), ("cached", "#60a5fa"
 REQUEST_SHADES = ("#059669", "#34d399", "#047857", "#6ee7b7", "#10b981", "#065f46")
 
 EVENT_LABELS = {
-    "page_evicted": "evicted",
-    "page_offloaded": "offloaded",
-    "page_reloaded": "reloaded",
-    "request_preempted": "preempted",
-    "request_resumed": "resumed",
+    PageEvicted.kind: "evicted",
+    PageOffloaded.kind: "offloaded",
+    PageReloaded.kind: "reloaded",
+    RequestPreempted.kind: "preempted",
+    RequestResumed.kind: "resumed",
 }
 
 
@@ -300,7 +309,9 @@ def page_heatmap(matrix: PageMatrix) -> go.Figure:
     fig.update_yaxes(autorange="reversed", showgrid=False)
     fig.update_xaxes(showgrid=False)
     if matrix.page_stride > 1:
-        fig.update_layout(title_text=f"Page occupancy (every {matrix.page_stride}th page)")
+        fig.update_layout(
+            title_text=f"Page occupancy ({matrix.page_stride} pages per row, shown as most of them are)"
+        )
     return fig
 
 

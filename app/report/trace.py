@@ -15,6 +15,7 @@ from sqlite_utils import Database
 
 from db import queries
 from db.queries import event_timeline, run_info, step_series
+from engine.events import RequestPreempted, RequestResumed
 
 KERNELS_PID, REQUESTS_PID, ENGINE_PID = 1, 2, 3
 
@@ -98,7 +99,9 @@ def _request_events(db: Database, run_id: int) -> list[dict]:
         for name, lo, hi in zip(("queued", "prefill", "decode"), marks, marks[1:], strict=False):
             if lo is not None and hi is not None and hi >= lo:
                 events.append(_slice(name, REQUESTS_PID, rid, lo, hi))
-    for e in event_timeline(db, run_id, kinds=("request_preempted", "request_resumed"), limit=None):
+    for e in event_timeline(
+        db, run_id, kinds=(RequestPreempted.kind, RequestResumed.kind), limit=None
+    ):
         events.append(
             {
                 "name": e.kind.removeprefix("request_"),

@@ -3,12 +3,13 @@
 With few pages each page is a square ("■") in a grid labelled by page number;
 with more pages than fit, each character holds two cells (a half block, top and
 bottom), and with more still each cell aggregates several consecutive pages and
-shows the state most of them are in. Clicking a page selects its request.
+shows the state most of them are in (``db.pages.dominant_owners``), so a pool of
+100,000 pages draws as many cells as a small one; the legend says how many
+pages a cell holds. Clicking a page selects its request.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,12 +21,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from app.tui.palette import faded, owner_colour
-from db.pages import PAGE_OFFLOADED
-from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
-
-# Ties between states in an aggregated cell go to the most telling one.
-_PRIORITY = {PAGE_EVICTED: 4, PAGE_OFFLOADED: 3, PAGE_CACHED: 1, PAGE_FREE: 0}
-
+from db.pages import dominant_owners
 
 # Cell shapes from largest to smallest: (glyph, characters per cell, lines per
 # cell row). The first that fits all pages is used; the glyph's empty top part
@@ -72,18 +68,6 @@ def plan_grid(num_pages: int, width: int, height: int) -> Grid:
     return Grid(width, -(-cells // width), per_cell, "", 1, 1, 0)
 
 
-def cell_owners(owners: np.ndarray, per_cell: int) -> np.ndarray:
-    """The owner each cell shows: its pages' most common owner (ties to requests,
-    then evicted, offloaded, cached, free)."""
-    if per_cell == 1:
-        return owners
-    cells = []
-    for start in range(0, len(owners), per_cell):
-        counts = Counter(owners[start : start + per_cell].tolist())
-        cells.append(max(counts, key=lambda o: (counts[o], _PRIORITY.get(o, 5))))
-    return np.asarray(cells, dtype=np.int32)
-
-
 class PageMap(Widget):
     """The occupancy grid of one page-map snapshot."""
 
@@ -107,7 +91,7 @@ class PageMap(Widget):
         if self.owners is None:
             return Text("no page-map snapshot recorded yet", style="italic #8c9bb0")
         grid = self.grid()
-        cells = cell_owners(self.owners, grid.per_cell)
+        cells = dominant_owners(self.owners, grid.per_cell)
         text = Text(no_wrap=True, overflow="crop")
         if grid.dense:
             for row in range(0, grid.rows, 2):

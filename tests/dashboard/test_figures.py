@@ -7,6 +7,7 @@ import pytest
 
 from app.dashboard import figures
 from db import queries
+from db.pages import dominant_owners
 from db.queries import (
     compare_runs,
     gpu_series,
@@ -101,7 +102,9 @@ def test_page_heatmap_with_a_page_stride(db, synthetic_db):
     fig = figures.page_heatmap(matrix)
     assert matrix.page_stride == 3
     assert list(fig.data[0].y) == list(range(0, 48, 3))
-    assert "every 3th page" in fig.layout.title.text
+    assert "3 pages per row" in fig.layout.title.text
+    full = page_maps(db, run_id, max_snapshots=10).owners
+    assert (matrix.owners == dominant_owners(full, 3)).all()
 
 
 def test_kernel_figures(db, synthetic_db):

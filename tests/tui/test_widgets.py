@@ -3,14 +3,12 @@ number formats, and the requests table's row cap."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from tui_helpers import Recorded, aio, goto_step, viewer
 
 from app.tui import fmt, requests_table
-from app.tui.page_map import CELL_SHAPES, cell_owners, plan_grid
+from app.tui.page_map import CELL_SHAPES, plan_grid
 from app.tui.requests_table import RequestsTable
-from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
 
 
 @pytest.mark.parametrize(
@@ -34,17 +32,6 @@ def test_plan_grid_picks_the_largest_cells_that_fit(pages, size, glyph, per_cell
     assert lines <= size[1] and grid.gutter + grid.cols * grid.cell_width <= size[0]
     if not grid.dense and grid.cols >= 8:
         assert grid.cols % 8 == 0  # rows start at round page numbers
-
-
-def test_cell_owners_shows_what_most_pages_of_a_cell_hold() -> None:
-    owners = np.array(
-        [3, 3, PAGE_FREE, PAGE_CACHED, PAGE_CACHED, PAGE_FREE, PAGE_EVICTED, 7], dtype=np.int32
-    )
-    assert cell_owners(owners, 1) is owners
-    # (3, 3) -> 3; (free, cached) tie -> cached; (cached, free) -> cached; (evicted, 7) tie -> request 7
-    assert cell_owners(owners, 2).tolist() == [3, PAGE_CACHED, PAGE_CACHED, 7]
-    assert cell_owners(owners, 3).tolist() == [3, PAGE_CACHED, 7]
-    assert cell_owners(owners[:7], 3).tolist() == [3, PAGE_CACHED, PAGE_EVICTED]
 
 
 def test_spark_scales_to_the_largest_value_or_a_fixed_top() -> None:
