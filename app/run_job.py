@@ -7,9 +7,10 @@ UI does, and the run is then recorded as interrupted.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,7 +46,8 @@ def drive(
     """Run ``items`` to completion (or until ``stop``); returns counts for the summary."""
     pending = deque(sorted(items, key=lambda it: it.arrival_s))
     total = len(pending)
-    submitted = finished = rejected = 0
+    submitted = finished = 0
+    rejections: list[str] = []
     t0 = time.monotonic()
     last_report = 0.0
     tokens_at_start = engine.total_output_tokens
@@ -58,8 +60,8 @@ def drive(
                 engine.add_request(
                     render_prompt(engine, item), SamplingParams(max_tokens=item.max_tokens)
                 )
-            except RequestError:
-                rejected += 1  # refused and recorded as such; the others keep running
+            except RequestError as exc:
+                rejections.append(str(exc))  # refused and recorded as such; the others keep running
         if engine.has_unfinished():
             finished += sum(1 for out in engine.step() if out.finished)
         elif pending:
@@ -70,7 +72,7 @@ def drive(
                 Progress(
                     submitted,
                     finished,
-                    rejected,
+                    len(rejections),
                     total,
                     engine.total_output_tokens - tokens_at_start,
                     last_report,
@@ -81,7 +83,32 @@ def drive(
     return {
         "submitted": submitted,
         "finished": finished,
-        "rejected": rejected,
+        "rejected": len(rejections),
+        "rejections": rejections,
         "interrupted": stop.is_set() and (bool(pending) or engine.has_unfinished()),
         "elapsed_s": time.monotonic() - t0,
     }
+
+
+def group_reasons(reasons: list[str]) -> list[tuple[int, str]]:
+    """Rejection reasons counted, most frequent first, one line per distinct reason.
+
+    Messages that differ only in their numbers (``prompt of 931 tokens ...``,
+    ``prompt of 968 tokens ...``) are one reason; a number that differs shows
+    its range (``prompt of 931-968 tokens ...``).
+    """
+    groups: dict[str, list[list[int]]] = {}
+    for reason in reasons:
+        numbers = [int(n) for n in re.findall(r"\d+", reason)]
+        groups.setdefault(re.sub(r"\d+", "\0", reason), []).append(numbers)
+    counted = Counter({shape: len(found) for shape, found in groups.items()})
+    lines = []
+    for shape, count in counted.most_common():
+        spans = [
+            str(low) if low == high else f"{low}-{high}"
+            for low, high in ((min(c), max(c)) for c in zip(*groups[shape], strict=True))
+        ]
+        pieces = shape.split("\0")
+        text = "".join(p + s for p, s in zip(pieces, [*spans, ""], strict=True))
+        lines.append((count, text))
+    return lines

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -96,3 +98,75 @@ def test_ctrl_c_marks_run_interrupted(tmp_path):
     [run] = queries.list_runs(db)
     assert run.status == "interrupted"
     assert "interrupted" in out
+
+
+def _run_cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", "run", "--headless", *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_builtin_workload_gets_a_budget_that_fits_its_longest_request(tmp_path):
+    # shared-prefix prompts are longer than the 24 MiB default (34 pages of 16 tokens).
+    db = tmp_path / "k.db"
+    argv = ["--json", "--workload", "shared-prefix", "--requests", "6", "--rate", "0"]
+    proc = _run_cli(*argv, "--db", str(db))
+    assert proc.returncode == 0, proc.stderr
+    assert "KV budget 24 MiB -> " in proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["requests_rejected"] == 0
+    assert summary["requests_finished"] == summary["requests"] == 6
+    assert summary["prefix_hit_tokens"] > 0
+    [run] = queries.list_runs(db)
+    assert run.config["kv_budget_sized_to_workload"] is True
+    assert run.config["kv_budget_bytes"] > 24 << 20
+    # two of the longest requests fit at once, in whole pages
+    with sqlite3.connect(db) as conn:
+        (longest,) = conn.execute("SELECT MAX(prompt_tokens + max_tokens) FROM requests").fetchone()
+    assert longest > 34 * 16
+    assert run.config["pages"] * 16 >= 2 * longest
+
+
+def _jsonl(path, *word_counts: int):
+    lines = [
+        json.dumps({"prompt": "word " * n, "max_tokens": 4, "chat": False}) for n in word_counts
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_rejections_are_counted_and_their_reasons_printed_once_each(tmp_path):
+    workload = _jsonl(tmp_path / "w.jsonl", 3, 100, 120)
+    # an explicit budget is kept: 3 MiB is 4 pages of 16 fp32 tokens
+    proc = _run_cli("--workload", workload, "--kv-budget", "3MiB", "--db", str(tmp_path / "k.db"))
+    assert proc.returncode == 0, proc.stderr
+    reasons = [line for line in proc.stderr.splitlines() if "rejected:" in line]
+    assert len(reasons) == 1, proc.stderr
+    assert re.fullmatch(
+        r"\[kvscope\] 2 rejected: prompt of \d+-\d+ tokens needs more than the whole KV budget "
+        r"\(4 pages x 16 tokens\)",
+        reasons[0],
+    )
+    assert re.search(r"^requests rejected +2$", proc.stdout, re.MULTILINE)
+    assert re.search(r"^requests finished +1 / 1$", proc.stdout, re.MULTILINE)
+
+
+def test_a_run_whose_every_request_is_rejected_fails(tmp_path):
+    db = tmp_path / "k.db"
+    workload = _jsonl(tmp_path / "w.jsonl", 100, 110)
+    proc = _run_cli("--json", "--workload", workload, "--kv-budget", "3MiB", "--db", str(db))
+    assert proc.returncode == 2
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "failed"
+    assert summary["requests_rejected"] == 2 and summary["requests_finished"] == 0
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("kvscope: error: every request was rejected (2, reasons above)")
+    )
+    assert "Traceback" not in proc.stderr
+    [run] = queries.list_runs(db)
+    assert run.status == "failed"

@@ -3,6 +3,12 @@
 With a terminal attached it opens the terminal UI; with ``--headless`` (or no
 terminal) it prints a progress line and a summary table. ``--json`` makes the
 last line printed one JSON object with the run's headline figures.
+
+Without ``--kv-budget`` the budget is 24 MiB, raised when the workload's longest
+request would not fit: it then holds two of them at once, so every request can
+run and pages are still short. Requests the engine refuses are counted, and
+their reasons printed; a run whose every request was refused is recorded as
+failed and exits with status 2.
 """
 
 from __future__ import annotations
@@ -10,14 +16,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import threading
 
-from app.engine_options import add_engine_options, engine_config_from_args
-from app.workloads import BUILTIN, load_workload
+from app.engine_options import add_engine_options, engine_config_from_args, parse_size
+from app.workloads import BUILTIN, WorkItem, load_workload
 from db.store import default_db_path
 
 RUN_KV_BUDGET = "24MiB"  # small on purpose: prefix hits, eviction and preemption all happen
+FIT_LONGEST = 2  # a budget sized to the workload holds this many of its longest requests
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--workload",
         default="chat",
         metavar="NAME|FILE.jsonl",
-        help=f"one of {', '.join(BUILTIN)}, or a JSONL file (see app/workloads.py) (default chat)",
+        help=f"one of {', '.join(BUILTIN)}, or a JSONL file (see app/workloads.py) (default chat); "
+        "without --kv-budget the budget grows to fit its longest request",
     )
     p.add_argument(
         "--requests",
@@ -69,7 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--metrics-host", default="127.0.0.1", help=argparse.SUPPRESS)
     add_engine_options(p, kv_budget=RUN_KV_BUDGET, offload="auto")
-    p.set_defaults(handler=run)
+    # None tells run() the user chose no budget, so it may size one to the workload.
+    p.set_defaults(handler=run, kv_budget=None)
 
 
 def _config_record(args: argparse.Namespace, engine) -> dict:
@@ -80,8 +90,48 @@ def _config_record(args: argparse.Namespace, engine) -> dict:
         workload=args.workload, requests=args.requests, rate=args.rate, seed=args.seed,
         device=engine.config.cost_device, kv_bytes_per_token=engine.bytes_per_token,
         params=engine.model_config.num_params, pages=engine.num_pages,
+        kv_budget_sized_to_workload=args.kv_budget_sized,
     )  # fmt: skip
     return record
+
+
+def workload_kv_bytes(engine, items: list[WorkItem]) -> int:
+    """A KV budget that holds ``FIT_LONGEST`` of the workload's longest requests (prompt and
+    output, up to the model's context) at once, in whole pages."""
+    from app.run_job import render_prompt
+
+    longest = max(
+        min(
+            len(engine.codec.encode(render_prompt(engine, item))) + item.max_tokens,
+            engine.model_config.max_position,
+        )
+        for item in items
+    )
+    page_size = engine.config.page_size
+    return math.ceil(
+        FIT_LONGEST * math.ceil(longest / page_size) * page_size * engine.bytes_per_token
+    )
+
+
+def _engine_for(args: argparse.Namespace, items: list[WorkItem]):
+    """The engine, its KV budget raised to fit the workload when the user chose none."""
+    from engine.engine import Engine
+
+    fit = args.kv_budget is None and args.memory_fraction is None
+    if args.kv_budget is None:
+        args.kv_budget = parse_size(RUN_KV_BUDGET)
+    config = engine_config_from_args(args)
+    engine = Engine(config)
+    needed = workload_kv_bytes(engine, items) if fit else 0
+    args.kv_budget_sized = needed > engine.kv_budget_bytes
+    if args.kv_budget_sized:
+        print(
+            f"[kvscope] KV budget {engine.kv_budget_bytes / 2**20:.0f} MiB -> {needed / 2**20:.0f} MiB: "
+            f"room for the workload's {FIT_LONGEST} longest requests (--kv-budget sets it)",
+            file=sys.stderr,
+        )
+        engine = Engine(dataclasses.replace(config, kv_budget_bytes=needed))
+    return engine
 
 
 def _print_progress(p) -> None:
@@ -101,6 +151,7 @@ def _summary_table(summary: dict) -> str:
         ("status", summary["status"]),
         ("database", summary["db"]),
         ("requests finished", f"{summary['requests_finished']} / {summary['requests']}"),
+        ("requests rejected", summary["requests_rejected"]),
         ("output tokens", summary["output_tokens"]),
         ("tokens/s", _fmt(summary["tokens_per_s"], ".1f")),
         (
@@ -125,31 +176,35 @@ def _fmt(value, spec: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.run_job import drive
+    from app.run_job import drive, group_reasons
     from db.store import open_db
-    from engine.engine import Engine
     from profiler.recorder import Recorder
 
     items = load_workload(args.workload, args.requests, args.rate, args.seed)
-    config = engine_config_from_args(args)
     db_path = args.db or str(default_db_path())
     open_db(db_path).conn.close()  # a bad --db fails now, before the model loads
-    engine = Engine(config)
+    engine = _engine_for(args, items)
     recorder = Recorder(db_path, _config_record(args, engine), model=engine.loaded.source)
     unsubscribe = engine.bus.subscribe(recorder.on_event)
     recorder.start()
     extras = _start_extras(args, engine, recorder)
     use_tui = not args.headless and not args.json and sys.stdout.isatty() and sys.stdin.isatty()
     progress = None if (use_tui or args.json) else _print_progress
+    outcome: dict = {}
 
     def job(stop: threading.Event) -> dict:
         """Drive the workload, then close the run (so the UI shows its final status)."""
-        result = drive(engine, items, stop, on_progress=progress)
+        outcome.update(drive(engine, items, stop, on_progress=progress))
         for close in extras:
             close()
         unsubscribe()
-        status = "interrupted" if result["interrupted"] else "complete"
-        return {**result, "summary": dataclasses.asdict(recorder.finish(status))}
+        if outcome["interrupted"]:
+            status = "interrupted"
+        elif outcome["rejected"] == outcome["submitted"] > 0:
+            status = "failed"  # nothing ran: every request was refused
+        else:
+            status = "complete"
+        return {**outcome, "summary": dataclasses.asdict(recorder.finish(status))}
 
     try:
         if use_tui:
@@ -173,11 +228,22 @@ def run(args: argparse.Namespace) -> int:
             )
     summary = dataclasses.asdict(recorder.summary)
     summary["db"] = db_path
+    for count, reason in group_reasons(outcome.get("rejections", [])):
+        print(f"[kvscope] {count} rejected: {reason}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
     else:
         print(_summary_table(summary))
-    return 130 if summary["status"] == "interrupted" else 0
+    if summary["status"] == "interrupted":
+        return 130
+    if summary["status"] == "failed" and outcome.get("rejected"):
+        print(
+            f"kvscope: error: every request was rejected ({outcome['rejected']}, reasons above); "
+            f"run {summary['run_id']} is recorded as failed",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
 
 
 def _start_extras(args: argparse.Namespace, engine, recorder) -> list:
