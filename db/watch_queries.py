@@ -192,6 +192,7 @@ class Replay:
     cached_series: list[CachedPoint]
     duplicate_series: list[DuplicatePoint]
     final_holders: dict[tuple[str, int], set[int]]  # (engine, hash) -> sources holding it
+    peak_extra_copies: dict[str, int]  # engine -> the most extra copies at any moment
 
 
 def replay(source: Source, run_id: int, *, points: int = 400) -> Replay:
@@ -214,6 +215,7 @@ def replay(source: Source, run_id: int, *, points: int = 400) -> Replay:
         caches: dict[int, SourceCache] = defaultdict(SourceCache)
         holders: dict[tuple[str, int], set[int]] = defaultdict(set)
         extra = defaultdict(int)  # engine -> copies beyond the first, right now
+        peak = defaultdict(int)
         dup_hashes = defaultdict(int)  # engine -> hashes on >= 2 sources
         cached_series: list[CachedPoint] = []
         duplicate_series: list[DuplicatePoint] = []
@@ -229,6 +231,7 @@ def replay(source: Source, run_id: int, *, points: int = 400) -> Replay:
             after = len(owners)
             if after != before:
                 extra[engine] += max(after - 1, 0) - max(before - 1, 0)
+                peak[engine] = max(peak[engine], extra[engine])
                 dup_hashes[engine] += (after >= 2) - (before >= 2)
             if not owners:
                 del holders[key]
@@ -289,7 +292,7 @@ def replay(source: Source, run_id: int, *, points: int = 400) -> Replay:
                 sample(ts_ns)
         if i % every:
             sample(ts_ns)
-    return Replay(dict(caches), cached_series, duplicate_series, dict(holders))
+    return Replay(dict(caches), cached_series, duplicate_series, dict(holders), dict(peak))
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,9 +363,7 @@ def duplication(source: Source, run_id: int, result: Replay) -> list[Duplication
         extra = sum(len(owners) - 1 for _, owners in dup)
         sizes = [sources[s].block_size for _, owners in dup for s in list(owners)[1:]]
         tokens = sum(sizes) if all(size is not None for size in sizes) else None
-        peak = max(
-            (p.extra_copies for p in result.duplicate_series if p.engine == engine), default=0
-        )
+        peak = result.peak_extra_copies.get(engine, 0)
         out.append(Duplication(engine, len(dup), extra, tokens, peak))
     return out
 

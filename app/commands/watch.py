@@ -150,12 +150,15 @@ def run(args: argparse.Namespace) -> int:
         config=config,
     ).start()
     tty = sys.stdout.isatty() and not args.json
-    if not args.json:
-        print(f"kvscope watch: run {session.run_id}, {len(specs)} source(s); Ctrl-C to stop")
     started = last_t = time.monotonic()
     last_blocks = 0
     final = COMPLETE
     try:
+        if not args.json:
+            print(
+                f"kvscope watch: run {session.run_id}, {len(specs)} source(s); Ctrl-C to stop",
+                flush=True,
+            )
         while args.duration is None or time.monotonic() - started < args.duration:
             left = 1.0 if args.duration is None else args.duration - (time.monotonic() - started)
             time.sleep(max(0.0, min(1.0, left)))

@@ -5,9 +5,14 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from db.store import open_db
+from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
+from db.watch_writer import WatchBatch, WatchWriter
+from db.writer import create_run
 from profiler.watch.publisher import EventPublisher
 
 
@@ -39,3 +44,55 @@ def publishers() -> Iterator[Callable[..., EventPublisher]]:
     yield make
     for pub in made:
         pub.close()
+
+
+A, B, C, D, E = 11, -22, 2**63 - 1, -(2**63), 55  # signed, as stored
+S = 1_000_000_000  # ns per second
+
+
+def _event(source: int, seq: int, t_s: float, op: int, hashes=(), parent=None, medium="GPU"):
+    text = None if op == OP_CLEARED else "[" + ",".join(map(str, hashes)) + "]"
+    return (source, seq, int(t_s * S), op, text, parent, medium, 0, len(hashes))
+
+
+@pytest.fixture
+def recording(tmp_path: Path) -> tuple[Path, int]:
+    """A hand-built watch run whose every derived figure is known (see test_queries)."""
+    path = tmp_path / "w.db"
+    db = open_db(path)
+    run_id = create_run(
+        db,
+        kind="watch",
+        model=None,
+        config={},
+        hardware={},
+        versions={},
+        started_at=0.0,
+        start_ns=0,
+    )
+    writer = WatchWriter(db, run_id)
+    sources = [
+        (0, "events", "vllm", "tcp://a:1", None, "", None, 0),
+        (1, "events", "vllm", "tcp://b:1", None, "", None, 0),
+        (2, "events", "sglang", "tcp://c:1", None, "", None, 0),
+    ]
+    blocks = [
+        _event(0, 0, 1.0, OP_STORED, [A, B, C]),
+        _event(1, 0, 1.5, OP_STORED, [A, B]),
+        _event(2, 0, 1.6, OP_STORED, [A]),  # same number, other engine kind: not a duplicate
+        _event(0, 1, 2.0, OP_STORED, [D], parent=B),
+        _event(0, 2, 2.5, OP_STORED, [B], parent=A, medium="CPU"),
+        _event(0, 3, 3.0, OP_REMOVED, [A]),
+        _event(0, 4, 4.0, OP_STORED, [A]),  # recomputed after its eviction
+        _event(0, 5, 5.0, OP_STORED, [C], parent=B),  # re-announced: still cached
+        _event(0, 6, 6.0, OP_CLEARED),
+        _event(0, 7, 7.0, OP_STORED, [E]),
+    ]
+    counters = [
+        (16, 7, 8, 8, 9, 0, 0, 0, 0, 0, 0, "{}", 0),
+        (16, 0, 1, 1, 2, 0, 0, 0, 0, 0, 0, "{}", 1),
+        (4, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, "{}", 2),
+    ]
+    writer.write(WatchBatch(sources=sources, blocks=blocks, counters=counters))
+    db.conn.close()
+    return path, run_id

@@ -1,0 +1,260 @@
+"""The dashboard page of a watched vLLM/SGLang deployment (run kind ``watch``).
+
+Pure figure and table builders over ``db.watch_queries`` results (unit-tested
+without a browser), ``load`` to run the queries once per refresh, and
+``layout`` to assemble the page. Registering it in the dashboard is one page
+entry and one callback that calls ``render(db_path, run_id)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+from dash import dash_table, dcc, html
+from plotly.subplots import make_subplots
+
+from db import watch_queries as q
+
+PAGE = ("watch", "Watched deployment", "/watch")
+TIME_AXIS = "time since start (s)"
+MEDIUM_COLORS = {"GPU": "#2563eb", "CPU": "#f59e0b", "CPU_PINNED": "#f59e0b", "STORAGE": "#7c3aed"}
+
+
+def _figure(title: str, y_title: str, height: int = 320) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(
+        title=title,
+        template="plotly_white",
+        height=height,
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+        xaxis_title=TIME_AXIS,
+        yaxis_title=y_title,
+        uirevision="watch",  # a user's zoom survives a refresh
+    )
+    return fig
+
+
+def _empty(fig: go.Figure, message: str) -> go.Figure:
+    fig.add_annotation(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
+    return fig
+
+
+def cached_blocks_figure(
+    points: Sequence[q.CachedPoint], labels: dict[int, str] | None = None
+) -> go.Figure:
+    """Cached blocks over time, one line per source and medium."""
+    fig = _figure("Cached blocks by medium", "blocks")
+    lines: dict[tuple[int, str | None], list[q.CachedPoint]] = {}
+    for p in points:
+        lines.setdefault((p.source, p.medium), []).append(p)
+    if not lines:
+        return _empty(fig, "no block events recorded yet")
+    for (source, medium), pts in sorted(lines.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        name = f"{(labels or {}).get(source, source)} {medium or '?'}"
+        fig.add_scatter(
+            x=[p.t_s for p in pts],
+            y=[p.blocks for p in pts],
+            name=name,
+            mode="lines",
+            line={"shape": "hv", "color": MEDIUM_COLORS.get(medium or "")},
+        )
+    return fig
+
+
+def duplication_figure(points: Sequence[q.DuplicatePoint]) -> go.Figure:
+    """Copies of blocks beyond the first across replicas: KV the fleet holds twice."""
+    fig = _figure("Duplicated blocks across replicas", "extra copies")
+    engines = sorted({p.engine for p in points})
+    if not points:
+        return _empty(fig, "no block events recorded yet")
+    for engine in engines:
+        pts = [p for p in points if p.engine == engine]
+        fig.add_scatter(
+            x=[p.t_s for p in pts],
+            y=[p.extra_copies for p in pts],
+            name=engine,
+            mode="lines",
+            line={"shape": "hv"},
+        )
+    return fig
+
+
+def engine_metrics_figure(series: q.EngineSeries) -> go.Figure:
+    """One /metrics source: usage, hit rate, running/waiting, mean TTFT/ITL."""
+    fig = make_subplots(
+        rows=2,
+        cols=2,
+        subplot_titles=(
+            f"KV usage ({series.usage_level})",
+            "prefix hit rate (from counters)",
+            "requests",
+            "mean latency (s)",
+        ),
+    )
+    fig.update_layout(
+        template="plotly_white",
+        height=520,
+        title=f"/metrics of source {series.source} ({series.engine})",
+        uirevision="watch",
+    )
+
+    def line(points: Sequence[q.MetricPoint], name: str, row: int, col: int) -> None:
+        fig.add_scatter(
+            x=[p.t_s for p in points], y=[p.value for p in points], name=name, row=row, col=col
+        )
+
+    line(series.usage, "usage", 1, 1)
+    line(series.hit_rate, "hit rate", 1, 2)
+    line(series.running, "running", 2, 1)
+    line(series.waiting, "waiting", 2, 1)
+    line(series.ttft_mean_s, "TTFT", 2, 2)
+    line(series.itl_mean_s, "ITL", 2, 2)
+    return fig
+
+
+def source_rows(sources: Sequence[q.WatchSource]) -> list[dict]:
+    """The sources table: what each stream delivered, and what it lost."""
+    return [
+        {
+            "source": s.label,
+            "kind": s.kind,
+            "engine": s.engine,
+            "block size": s.block_size,
+            "batches": s.batches,
+            "block events": s.block_events,
+            "gaps": s.gaps,
+            "replayed": s.recovered_batches,
+            "lost": s.lost_batches,
+            "restarts": s.restarts,
+            "disconnects": s.disconnects,
+        }
+        for s in sources
+    ]
+
+
+def block_rows(stats: Sequence[q.BlockStats]) -> list[dict]:
+    """Per source: cached now, stores, removals, reuse, churn, clears and lifetimes."""
+
+    def seconds(value: float | None) -> str:
+        return "—" if value is None else f"{value:,.2f}"
+
+    return [
+        {
+            "source": s.source,
+            "cached": ", ".join(f"{m}: {n}" for m, n in sorted(s.cached.items(), key=str)) or "0",
+            "stored": s.stored,
+            "removed": s.removed,
+            "reused (re-announced)": s.reannounced,
+            "recomputed after eviction": s.recomputed,
+            "cleared": s.clears,
+            "restarts": s.resets,
+            "lifetime p50 s": seconds(s.lifetime_p50_s),
+            "lifetime p90 s": seconds(s.lifetime_p90_s),
+        }
+        for s in stats
+    ]
+
+
+def prefix_rows(prefixes: Sequence[q.SharedPrefix]) -> list[dict]:
+    """The largest shared prefixes."""
+    return [
+        {
+            "engine": p.engine,
+            "block": f"{p.block_hash & (2**64 - 1):016x}",
+            "prefix blocks": p.depth_blocks,
+            "prefix tokens": p.prefix_tokens,
+            "branches": p.branches,
+            "blocks under it": p.subtree_blocks,
+            "sources": ", ".join(map(str, p.sources)),
+        }
+        for p in prefixes
+    ]
+
+
+def duplication_rows(dups: Sequence[q.Duplication]) -> list[dict]:
+    return [
+        {
+            "engine": d.engine,
+            "blocks on >= 2 replicas": d.duplicated_blocks,
+            "extra copies": d.extra_copies,
+            "extra tokens": d.extra_tokens,
+            "peak extra copies": d.peak_extra_copies,
+        }
+        for d in dups
+    ]
+
+
+def incident_rows(incidents: Sequence[q.Incident], limit: int = 200) -> list[dict]:
+    """The newest incidents first."""
+    return [
+        {
+            "t (s)": round(i.t_s, 3),
+            "source": i.source,
+            "kind": i.kind,
+            "seqs": "" if i.first_seq is None else f"{i.first_seq}-{i.last_seq}",
+            "recovered": i.recovered,
+            "lost": i.lost,
+            "detail": i.detail or "",
+        }
+        for i in list(reversed(incidents))[:limit]
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class WatchPageData:
+    sources: list[q.WatchSource]
+    replay: q.Replay
+    stats: list[q.BlockStats]
+    duplication: list[q.Duplication]
+    prefixes: list[q.SharedPrefix]
+    engines: list[q.EngineSeries]
+    incidents: list[q.Incident]
+
+
+def load(source: q.Source, run_id: int) -> WatchPageData:
+    """Everything the page shows, queried once."""
+    result = q.replay(source, run_id)
+    return WatchPageData(
+        q.watch_sources(source, run_id),
+        result,
+        q.block_stats(result),
+        q.duplication(source, run_id, result),
+        q.prefix_tree(source, run_id),
+        q.engine_series(source, run_id),
+        q.incidents(source, run_id),
+    )
+
+
+def _table(rows: list[dict], table_id: str) -> dash_table.DataTable:
+    columns = [{"name": name, "id": name} for name in (rows[0] if rows else {})]
+    return dash_table.DataTable(id=table_id, data=rows, columns=columns, page_size=20)
+
+
+def layout(data: WatchPageData) -> html.Div:
+    """The page for one watch run."""
+    labels = {s.source: s.label for s in data.sources}
+    return html.Div(
+        [
+            html.H3("Sources"),
+            _table(source_rows(data.sources), "watch-sources"),
+            dcc.Graph(figure=cached_blocks_figure(data.replay.cached_series, labels)),
+            html.H3("Blocks per source"),
+            _table(block_rows(data.stats), "watch-blocks"),
+            html.H3("Duplicated KV across replicas"),
+            _table(duplication_rows(data.duplication), "watch-duplication"),
+            dcc.Graph(figure=duplication_figure(data.replay.duplicate_series)),
+            html.H3("Largest shared prefixes"),
+            _table(prefix_rows(data.prefixes), "watch-prefixes"),
+            *[dcc.Graph(figure=engine_metrics_figure(series)) for series in data.engines],
+            html.H3("Incidents"),
+            _table(incident_rows(data.incidents), "watch-incidents"),
+        ],
+        className="watch-page",
+    )
+
+
+def render(source: q.Source, run_id: int) -> html.Div:
+    """Query and lay out the page (what a refresh callback calls)."""
+    return layout(load(source, run_id))

@@ -1,0 +1,168 @@
+"""The terminal view of a watched vLLM/SGLang deployment (run kind ``watch``).
+
+Pure renderers over ``db.watch_queries`` results (tested without a terminal)
+and one widget, ``WatchView``, that re-queries the database on a timer in a
+worker thread and repaints. Registering it in the TUI is mounting
+``WatchView(db_path, run_id)`` when the selected run's kind is ``watch``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual import work
+from textual.widgets import Static
+
+from db import watch_queries as q
+
+REFRESH_S = 1.0
+
+
+def sources_table(sources: Sequence[q.WatchSource]) -> Table:
+    """One row per stream: what it delivered and what it lost."""
+    table = Table(title="sources", expand=True, title_justify="left")
+    for name in (
+        "source",
+        "engine",
+        "batches",
+        "block events",
+        "gaps",
+        "replayed",
+        "lost",
+        "restarts",
+    ):
+        table.add_column(name, justify="left" if name in ("source", "engine") else "right")
+    for s in sources:
+        lost_style = "bold red" if s.lost_batches else ""
+        table.add_row(
+            s.label,
+            s.engine if s.kind == "events" else f"{s.engine} /metrics",
+            f"{s.batches:,}",
+            f"{s.block_events:,}",
+            str(s.gaps),
+            str(s.recovered_batches),
+            Text(str(s.lost_batches), style=lost_style),
+            str(s.restarts),
+        )
+    return table
+
+
+def blocks_table(stats: Sequence[q.BlockStats]) -> Table:
+    """Per source: cached blocks by medium, reuse, churn, clears and lifetimes."""
+    table = Table(title="blocks", expand=True, title_justify="left")
+    for name in (
+        "source",
+        "cached",
+        "stored",
+        "removed",
+        "reused",
+        "recomputed",
+        "cleared",
+        "p50 life s",
+    ):
+        table.add_column(name, justify="left" if name in ("source", "cached") else "right")
+    for s in stats:
+        cached = " ".join(f"{m}:{n}" for m, n in sorted(s.cached.items(), key=str)) or "0"
+        life = "—" if s.lifetime_p50_s is None else f"{s.lifetime_p50_s:.2f}"
+        table.add_row(
+            str(s.source),
+            cached,
+            f"{s.stored:,}",
+            f"{s.removed:,}",
+            f"{s.reannounced:,}",
+            f"{s.recomputed:,}",
+            str(s.clears + s.resets),
+            life,
+        )
+    return table
+
+
+def fleet_text(dups: Sequence[q.Duplication], prefixes: Sequence[q.SharedPrefix]) -> Text:
+    """Duplicated blocks across replicas and the largest shared prefixes, as lines."""
+    text = Text()
+    for d in dups:
+        tokens = "" if d.extra_tokens is None else f" ({d.extra_tokens:,} tokens)"
+        text.append(
+            f"{d.engine}: {d.duplicated_blocks:,} blocks on >= 2 replicas, "
+            f"{d.extra_copies:,} extra copies{tokens}, peak {d.peak_extra_copies:,}\n"
+        )
+    for p in prefixes[:5]:
+        tokens = "" if p.prefix_tokens is None else f" = {p.prefix_tokens:,} tokens"
+        text.append(
+            f"prefix of {p.depth_blocks} blocks{tokens}: {p.branches} branches, "
+            f"{p.subtree_blocks} blocks under it, sources {', '.join(map(str, p.sources))}\n",
+            style="#8c9bb0",
+        )
+    return text
+
+
+def incidents_text(incidents: Sequence[q.Incident], limit: int = 8) -> Text:
+    """The newest incidents, losses in red."""
+    text = Text()
+    for i in list(reversed(incidents))[:limit]:
+        seqs = "" if i.first_seq is None else f" seq {i.first_seq}-{i.last_seq}"
+        style = "bold red" if i.lost or i.kind == "restart" else ""
+        text.append(f"{i.t_s:9.2f}s  source {i.source}  {i.kind}{seqs}", style=style)
+        if i.lost or i.recovered:
+            text.append(f"  recovered {i.recovered} lost {i.lost}", style=style)
+        if i.detail:
+            text.append(f"  {i.detail}", style="#6b7385")
+        text.append("\n")
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class WatchSnapshot:
+    sources: list[q.WatchSource]
+    stats: list[q.BlockStats]
+    duplication: list[q.Duplication]
+    prefixes: list[q.SharedPrefix]
+    incidents: list[q.Incident]
+
+
+def snapshot(source: q.Source, run_id: int) -> WatchSnapshot:
+    result = q.replay(source, run_id, points=1)
+    return WatchSnapshot(
+        q.watch_sources(source, run_id),
+        q.block_stats(result),
+        q.duplication(source, run_id, result),
+        q.prefix_tree(source, run_id, top=5),
+        q.incidents(source, run_id),
+    )
+
+
+def render(snap: WatchSnapshot) -> RenderableType:
+    return Group(
+        sources_table(snap.sources),
+        blocks_table(snap.stats),
+        fleet_text(snap.duplication, snap.prefixes),
+        incidents_text(snap.incidents),
+    )
+
+
+class WatchView(Static):
+    """A watch run, refreshed every ``REFRESH_S`` from the database."""
+
+    def __init__(self, db_path: str | os.PathLike[str], run_id: int, **kwargs) -> None:
+        super().__init__("loading…", **kwargs)
+        self.db_path = db_path
+        self.run_id = run_id
+        self.snapshot: WatchSnapshot | None = None  # the one shown
+
+    def on_mount(self) -> None:
+        self.reload()
+        self.set_interval(REFRESH_S, self.reload)
+
+    @work(thread=True, exclusive=True)
+    def reload(self) -> None:
+        snap = snapshot(self.db_path, self.run_id)  # off the UI thread: replay reads the table
+        self.app.call_from_thread(self._show, snap)
+
+    def _show(self, snap: WatchSnapshot) -> None:
+        self.snapshot = snap
+        self.update(render(snap))

@@ -1,0 +1,104 @@
+"""The watch views: dashboard figure and table builders, and the TUI renderers and
+widget, checked against the query results they draw."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rich.console import Console
+from textual.app import App, ComposeResult
+
+from app.dashboard import watch_page
+from app.tui.watch_view import WatchView, render, snapshot
+from db import watch_queries as q
+from tests.watch.conftest import B
+
+
+def _text(renderable) -> str:
+    console = Console(width=140, record=True, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_dashboard_figures_draw_the_query_numbers(recording) -> None:
+    path, run_id = recording
+    data = watch_page.load(path, run_id)
+    fig = watch_page.cached_blocks_figure(data.replay.cached_series, {0: "zero"})
+    traces = {t.name: t for t in fig.data}
+    gpu = [p for p in data.replay.cached_series if p.source == 0 and p.medium == "GPU"]
+    assert list(traces["zero GPU"].y) == [p.blocks for p in gpu]
+    assert list(traces["zero GPU"].x) == [p.t_s for p in gpu]
+    assert max(traces["zero CPU"].y) == 1
+    dup = watch_page.duplication_figure(data.replay.duplicate_series)
+    assert {t.name for t in dup.data} == {"vllm", "sglang"}
+    assert max(next(t for t in dup.data if t.name == "vllm").y) == 2
+
+
+def test_dashboard_tables(recording) -> None:
+    path, run_id = recording
+    data = watch_page.load(path, run_id)
+    (first, *_) = watch_page.block_rows(data.stats)
+    assert (
+        first["stored"],
+        first["reused (re-announced)"],
+        first["recomputed after eviction"],
+    ) == (8, 1, 1)
+    assert first["cached"] == "GPU: 1"
+    (prefix,) = watch_page.prefix_rows(data.prefixes)
+    assert prefix["block"] == f"{B & (2**64 - 1):016x}" and prefix["prefix tokens"] == 32
+    rows = watch_page.duplication_rows(data.duplication)
+    assert [r["peak extra copies"] for r in rows] == [0, 2]
+    assert [r["source"] for r in watch_page.source_rows(data.sources)] == [
+        "0: tcp://a:1",
+        "1: tcp://b:1",
+        "2: tcp://c:1",
+    ]
+    page = watch_page.layout(data)
+    ids = [getattr(child, "id", None) for child in page.children]
+    assert {"watch-sources", "watch-blocks", "watch-prefixes", "watch-incidents"} <= set(ids)
+
+
+def test_empty_run_draws_placeholders() -> None:
+    fig = watch_page.cached_blocks_figure([])
+    assert fig.layout.annotations[0].text == "no block events recorded yet"
+
+
+def test_tui_renderers(recording) -> None:
+    path, run_id = recording
+    text = _text(render(snapshot(path, run_id)))
+    assert "vllm: 0 blocks on >= 2 replicas, 0 extra copies (0 tokens), peak 2" in text
+    assert "prefix of 2 blocks = 32 tokens: 2 branches, 3 blocks under it, sources 0, 1" in text
+    assert "0: tcp://a:1" in text and "GPU:1" in text
+
+
+def test_incidents_text_marks_losses() -> None:
+    incidents = [q.Incident(1.5, 3, "gap", 10, 12, 1, 2, "replay buffer no longer holds them")]
+    from app.tui.watch_view import incidents_text
+
+    text = incidents_text(incidents)
+    assert text.plain.strip() == (
+        "1.50s  source 3  gap seq 10-12  recovered 1 lost 2  replay buffer no longer holds them"
+    )
+    assert any("red" in str(span.style) for span in text.spans)
+
+
+def test_watch_view_widget_loads_the_run(recording) -> None:
+    path, run_id = recording
+
+    class Host(App):
+        def compose(self) -> ComposeResult:
+            yield WatchView(path, run_id, id="watch")
+
+    async def drive() -> WatchView:
+        app = Host()
+        async with app.run_test(size=(140, 60)) as pilot:
+            view = app.query_one(WatchView)
+            for _ in range(400):
+                if view.snapshot is not None:
+                    break
+                await pilot.pause(0.05)
+            return view
+
+    view = asyncio.run(drive())
+    assert view.snapshot is not None
+    assert [s.endpoint for s in view.snapshot.sources] == ["tcp://a:1", "tcp://b:1", "tcp://c:1"]
