@@ -60,3 +60,64 @@ def test_bad_db_is_one_error_line(tmp_path: Path, capsys, name, content, message
     err = capsys.readouterr().err
     assert err.startswith("kvscope: error: ") and message in err
     assert err.count("\n") == 1
+
+
+def test_runs_takes_the_database_positionally_or_with_db(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "other.db"
+    record_synthetic(path, num_requests=3)
+    assert main(["runs", str(path), "--json"]) == 0
+    positional = json.loads(capsys.readouterr().out)
+    assert main(["runs", "--db", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == positional and len(positional) == 1
+    assert main(["runs", str(path), "--db", str(path)]) == 0  # the same file twice is fine
+    capsys.readouterr()
+    assert main(["runs", str(path), "--db", str(tmp_path / "x.db")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvscope: error: two databases named") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["runs", "tui", "dash", "report"])
+def test_every_database_command_takes_db_positionally_or_as_an_option(
+    command: str, monkeypatch, tmp_path: Path
+) -> None:
+    from app.cli import build_parser
+    from app.db_argument import db_path
+
+    parser = build_parser()
+    monkeypatch.setenv("KVSCOPE_DB", str(tmp_path / "env.db"))
+    assert db_path(parser.parse_args([command, "a.db"])) == Path("a.db")
+    assert db_path(parser.parse_args([command, "--db", "b.db"])) == Path("b.db")
+    assert db_path(parser.parse_args([command])) == tmp_path / "env.db"
+    monkeypatch.delenv("KVSCOPE_DB")
+    assert db_path(parser.parse_args([command])) == Path("kvscope.db")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["run", "--db", "r.db"], "r.db"),
+        (["run"], "kvscope.db"),
+        (["simulate", "--db", "s.db"], "s.db"),
+        (["simulate", "--db"], "kvscope.db"),
+    ],
+)
+def test_workload_commands_take_db_as_an_option_with_the_same_default(
+    argv: list[str], expected: str, monkeypatch
+) -> None:
+    from app.cli import build_parser
+    from app.db_argument import db_path
+
+    monkeypatch.delenv("KVSCOPE_DB", raising=False)
+    args = build_parser().parse_args(argv)
+    assert db_path(args) == Path(expected)
+
+
+def test_simulate_records_only_when_asked(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KVSCOPE_DB", raising=False)
+    assert main(["simulate", "--requests", "10", "--json"]) == 0
+    assert not (tmp_path / "kvscope.db").exists()
+    assert main(["simulate", "--requests", "10", "--db"]) == 0
+    assert "recorded runs 1, 2, 3 in kvscope.db" in capsys.readouterr().out
+    assert main(["runs", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 3

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from db.store import default_db_path
+from app.db_argument import add_db_argument, db_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,9 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="browser dashboard (Plotly Dash) of recorded and live runs",
         description=__doc__,
     )
-    p.add_argument(
-        "db", nargs="?", default=None, metavar="DB", help="database (default ./kvscope.db)"
-    )
+    add_db_argument(p, positional=True, help="the database to show")
     p.add_argument(
         "--host",
         default="127.0.0.1",
@@ -40,9 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from app.dashboard.server import Server, create_app
 
-    db_path = args.db or default_db_path()
-    server = Server(create_app(db_path, refresh_ms=int(args.refresh * 1000)), args.host, args.port)
-    print(f"kvscope dash: {db_path} at {server.url} (Ctrl+C to stop)", file=sys.stderr)
+    path = db_path(args)
+    server = Server(create_app(path, refresh_ms=int(args.refresh * 1000)), args.host, args.port)
+    print(f"kvscope dash: {path} at {server.url} (Ctrl+C to stop)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
             f"kvscope dash: listening on {args.host}: reachable from other machines",

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from db.store import default_db_path
+from app.db_argument import add_db_argument, db_path
 
 FORMATS = ("html", "trace", "csv", "json")
 
@@ -27,9 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="export a run: self-contained HTML, Perfetto trace, CSV or JSON",
         description=__doc__,
     )
-    p.add_argument(
-        "db", nargs="?", default=None, metavar="DB", help="database (default ./kvscope.db)"
-    )
+    add_db_argument(p, positional=True, help="the database to export from")
     p.add_argument("--run", type=int, default=None, metavar="ID", help="run id (default: newest)")
     p.add_argument(
         "-o",
@@ -49,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from app.report.trace import build_trace
     from db.queries import choose_run, reader
 
-    with reader(args.db or default_db_path()) as db:
+    with reader(db_path(args)) as db:
         run_id = choose_run(db, args.run)
         out = args.output or default_output(run_id, args.format)
         if args.format == "csv":

@@ -20,9 +20,9 @@ import math
 import sys
 import threading
 
+from app.db_argument import add_db_argument, db_path
 from app.engine_options import add_engine_options, engine_config_from_args, parse_size
 from app.workloads import BUILTIN, WorkItem, load_workload
-from db.store import default_db_path
 
 RUN_KV_BUDGET = "24MiB"  # small on purpose: prefix hits, eviction and preemption all happen
 FIT_LONGEST = 2  # a budget sized to the workload holds this many of its longest requests
@@ -56,12 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="Poisson arrival rate of built-in workloads, requests/s (default 4)",
     )
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument(
-        "--db",
-        default=None,
-        metavar="PATH",
-        help="SQLite database to record into (default ./kvscope.db)",
-    )
+    add_db_argument(p, positional=False, help="the database to record into")
     p.add_argument(
         "--headless",
         action="store_true",
@@ -181,10 +176,10 @@ def run(args: argparse.Namespace) -> int:
     from profiler.recorder import Recorder
 
     items = load_workload(args.workload, args.requests, args.rate, args.seed)
-    db_path = args.db or str(default_db_path())
-    open_db(db_path).conn.close()  # a bad --db fails now, before the model loads
+    db_file = str(db_path(args))
+    open_db(db_file).conn.close()  # a bad --db fails now, before the model loads
     engine = _engine_for(args, items)
-    recorder = Recorder(db_path, _config_record(args, engine), model=engine.loaded.source)
+    recorder = Recorder(db_file, _config_record(args, engine), model=engine.loaded.source)
     unsubscribe = engine.bus.subscribe(recorder.on_event)
     recorder.start()
     extras = _start_extras(args, engine, recorder)
@@ -210,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         if use_tui:
             from app.tui import run_tui
 
-            run_tui(db_path, run_id=recorder.run_id, follow=True, job=job)
+            run_tui(db_file, run_id=recorder.run_id, follow=True, job=job)
         else:
             job(threading.Event())
             if progress and sys.stderr.isatty():
@@ -227,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
                 "interrupted" if sys.exc_info()[0] in (None, KeyboardInterrupt) else "failed"
             )
     summary = dataclasses.asdict(recorder.summary)
-    summary["db"] = db_path
+    summary["db"] = db_file
     for count, reason in group_reasons(outcome.get("rejections", [])):
         print(f"[kvscope] {count} rejected: {reason}", file=sys.stderr)
     if args.json:

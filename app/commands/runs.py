@@ -12,18 +12,13 @@ import json
 import time
 from pathlib import PurePath
 
+from app.db_argument import add_db_argument, db_path
 from db.queries import list_runs
-from db.store import default_db_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list the runs recorded in a database", description=__doc__)
-    p.add_argument(
-        "--db",
-        default=None,
-        metavar="PATH",
-        help="SQLite database to read (default ./kvscope.db, or $KVSCOPE_DB)",
-    )
+    add_db_argument(p, positional=True, help="the database to list")
     p.add_argument(
         "--json",
         action="store_true",
@@ -33,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = args.db or str(default_db_path())
+    path = db_path(args)
     runs = list_runs(path)
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in runs], indent=1))

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from app.db_argument import add_db_argument, db_path
 from app.output_format import format_table, human_bytes
 from app.sizing_args import non_negative, positive, positive_int
 from engine.alloc_sim import (
@@ -74,9 +75,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE", help="write charts to FILE.html or FILE.png")
-    parser.add_argument(
-        "--db",
-        metavar="PATH",
+    add_db_argument(
+        parser,
+        positional=False,
+        opt_in=True,
         help="also record each allocator as a run of kind 'simulation' in this kvscope database",
     )
     parser.set_defaults(handler=run)
@@ -220,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
     results = simulate(args)
     if args.plot:
         write_plot(figure(results, args.step_ms / 1000), args.plot)
-    if args.db:
+    if args.db is not None:
+        path = db_path(args)
         from app.sim_record import record_simulation
 
         config = {
@@ -228,9 +231,9 @@ def run(args: argparse.Namespace) -> int:
             for k, v in vars(args).items()
             if k not in ("handler", "db", "plot", "json") and not callable(v)
         }
-        run_ids = record_simulation(args.db, results, config, args.step_ms / 1000, args.page_size)
+        run_ids = record_simulation(path, results, config, args.step_ms / 1000, args.page_size)
         if not args.json:
-            print(f"recorded runs {', '.join(map(str, run_ids))} in {args.db}")
+            print(f"recorded runs {', '.join(map(str, run_ids))} in {path}")
     if args.json:
         print(json.dumps({name: r.summary() for name, r in results.items()}, indent=2))
     else:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from db.store import default_db_path
+from app.db_argument import add_db_argument, db_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,12 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="terminal UI: attach to a database being written, or replay a recorded run",
         description=__doc__,
     )
-    p.add_argument(
-        "db",
-        nargs="?",
-        type=Path,
-        help="the database (default: $KVSCOPE_DB or ./kvscope.db)",
-    )
+    add_db_argument(p, positional=True, help="the database to watch or replay")
     p.add_argument("--run", type=int, metavar="ID", help="the run to show (default: the newest)")
     p.add_argument(
         "--follow",
@@ -33,5 +27,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from app.tui import run_tui
 
-    run_tui(args.db or default_db_path(), run_id=args.run, follow=args.follow)
+    run_tui(db_path(args), run_id=args.run, follow=args.follow)
     return 0
