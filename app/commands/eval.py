@@ -12,6 +12,7 @@ import argparse
 import json
 
 from app.engine_options import add_engine_options, engine_config_from_args
+from engine.engine_config import EngineConfig
 from engine.errors import KvscopeError
 
 
@@ -81,8 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.evals.compare import Comparison
-    from app.evals.report import passkey_table, perplexity_table
+    from app.evals.compare import ANSWER_TOKENS, Comparison
+    from app.evals.report import passkey_table, perplexity_table, render
 
     config = engine_config_from_args(args)
     if args.task == "perplexity" and args.chunk < 1:
@@ -90,36 +91,35 @@ def run(args: argparse.Namespace) -> int:
     longest = max(args.lengths)
     comparison = Comparison(config)
     limit = comparison.engines["full"].max_request_tokens
-    if longest + (8 if args.task == "passkey" else 0) > limit:
+    if longest + (ANSWER_TOKENS if args.task == "passkey" else 0) > limit:
         raise KvscopeError(
             f"{longest} tokens exceed what one request may hold here ({limit}: the model's "
             "context and the KV budget); lower --lengths or raise --kv-budget"
         )
     if args.task == "passkey":
-        rows = [
-            r
-            for n in args.lengths
-            for d in args.depths
-            for r in comparison.passkey(n, d, args.seed)
-        ]
-        table = passkey_table(rows)
-    else:
-        rows = [r for n in args.lengths for r in comparison.perplexity(n, args.chunk, args.seed)]
-        table = perplexity_table(rows)
-    if args.json:
-        print(
-            json.dumps(
-                {"task": args.task, "config": _infllm_config(config), "rows": table}, indent=2
-            )
-        )
-    else:
-        from app.evals.report import render
+        cases = [(n, d) for n in args.lengths for d in args.depths]
 
-        print(render(table))
+        def measure(case: tuple[int, float]) -> list[dict]:
+            return passkey_table(comparison.passkey(*case, args.seed))
+    else:
+        cases = list(args.lengths)
+
+        def measure(case: int) -> list[dict]:
+            return perplexity_table(comparison.perplexity(case, args.chunk, args.seed))
+
+    table: list[dict] = []
+    for i, case in enumerate(cases):
+        rows = measure(case)
+        table.extend(rows)
+        if not args.json:  # long cases take minutes: print each as it completes
+            print(render(rows, header=i == 0), flush=True)
+    if args.json:
+        document = {"task": args.task, "config": _infllm_config(config), "rows": table}
+        print(json.dumps(document, indent=2))
     return 0
 
 
-def _infllm_config(config) -> dict:
+def _infllm_config(config: EngineConfig) -> dict:
     return {
         "page_size": config.page_size,
         "kv_dtype": config.kv_dtype,

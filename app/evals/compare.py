@@ -19,6 +19,7 @@ from app.evals.passkey import build_case
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.events import Event, InfLLMRetrieval
+from engine.loader import LoadedModel
 from engine.sampler import SamplingParams
 
 MODES = ("full", "infllm")
@@ -71,12 +72,14 @@ class ResidentTracker:
 class Comparison:
     """One engine per attention mode over one loaded model."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         # The host tier must hold every offloaded page of the longest request.
         host = max(config.host_budget_bytes, config.kv_budget_bytes or 0)
         config = replace(config, host_budget_bytes=host)
-        full = Engine(replace(config, attention_mode="full"))
-        infllm = Engine(replace(config, attention_mode="infllm"), loaded=full.loaded)
+        # Both configurations are validated before the model loads.
+        configs = {mode: replace(config, attention_mode=mode) for mode in MODES}
+        full = Engine(configs["full"], loaded=loaded)
+        infllm = Engine(configs["infllm"], loaded=full.loaded)
         self.engines = {"full": full, "infllm": infllm}
         self.tracker = ResidentTracker()
         infllm.bus.subscribe(self.tracker)

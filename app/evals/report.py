@@ -37,12 +37,16 @@ def perplexity_table(rows: list[PerplexityRow]) -> list[dict]:
     ]
 
 
-def render(table: list[dict]) -> str:
+def render(table: list[dict], header: bool = True) -> str:
+    """Aligned text rows (fixed minimum widths, so rows printed case by case line up)."""
     if not table:
         return ""
     columns = list(table[0])
-    cells = [[str(row[c]) for c in columns] for row in table]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    widths = [max(len(c), 8) for c in columns]
+    lines = [_line(columns, widths)] if header else []
+    lines += [_line([str(row[c]) for c in columns], widths) for row in table]
     return "\n".join(lines)
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()

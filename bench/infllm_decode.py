@@ -1,0 +1,95 @@
+"""Decode step time at a long context: InfLLM vs full attention, side by side on the CPU.
+
+One request of ``--context`` tokens of corpus text (app/evals/corpus.py) is
+prefilled in each mode on the real model, then ``--steps`` decode steps are
+timed. Attention per step is what the attention path costs: the paged decode
+kernel's own timing summed over layers, plus, for InfLLM, its retrieval work
+(block scoring, reloads, representative-score accumulation) from its events.
+Prints the median per step and full/infllm ratios (goal: attention >= 2x).
+Run: ``.venv/bin/python bench/infllm_decode.py [--context 8000] [--json]``;
+``--smoke`` runs a short context for CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from common import median, table
+
+from app.evals.corpus import long_text_ids
+from engine.engine import Engine
+from engine.engine_config import EngineConfig
+from engine.events import InfLLMRetrieval, KernelTiming
+from engine.loader import load_model
+from engine.sampler import SamplingParams
+
+
+def measure(loaded, mode: str, context: int, steps: int) -> dict:
+    config = EngineConfig(
+        kv_budget_bytes=512 << 20,
+        host_budget_bytes=512 << 20,
+        max_batched_tokens=512,
+        attention_mode=mode,
+        prefix_cache=False,
+    )
+    engine = Engine(config, loaded=loaded)
+    attention: dict[int, float] = {}
+
+    def on_event(event) -> None:
+        if isinstance(event, KernelTiming) and "decode" in event.name:
+            attention[event.step] = attention.get(event.step, 0.0) + event.seconds
+        elif isinstance(event, InfLLMRetrieval):
+            attention[event.step] = attention.get(event.step, 0.0) + event.seconds
+
+    engine.bus.subscribe(on_event)
+    ids = long_text_ids(engine.codec.encode, context)
+    rid = engine.add_request(ids, SamplingParams(max_tokens=steps + 1, ignore_eos=True))
+    req = engine.requests[rid]
+    while not req.output_ids:  # prefill
+        engine.step()
+    step_s = []
+    decode_steps = []
+    while engine.has_unfinished():
+        decode_steps.append(engine.step_count)
+        began = time.perf_counter()
+        engine.step()
+        step_s.append(time.perf_counter() - began)
+    return {
+        "mode": mode,
+        "step_ms": 1e3 * median(step_s),
+        "attention_ms": 1e3 * median([attention.get(s, 0.0) for s in decode_steps]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--context", type=int, default=8000)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--smoke", action="store_true", help="a short context (CI)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.smoke:
+        args.context, args.steps = 1200, 4
+    loaded = load_model()
+    rows = {m: measure(loaded, m, args.context, args.steps) for m in ("full", "infllm")}
+    ratio = {
+        "step": rows["full"]["step_ms"] / rows["infllm"]["step_ms"],
+        "attention": rows["full"]["attention_ms"] / rows["infllm"]["attention_ms"],
+    }
+    if args.json:
+        print(json.dumps({"context": args.context, "rows": rows, "full_over_infllm": ratio}))
+        return
+    print(f"decode at {args.context} tokens of context, median of {args.steps} steps")
+    print(
+        table(
+            ["mode", "step ms", "attention ms"],
+            [[m, r["step_ms"], r["attention_ms"]] for m, r in rows.items()],
+        )
+    )
+    print(f"full / infllm: step {ratio['step']:.2f}x, attention {ratio['attention']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
