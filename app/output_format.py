@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 GIB = 1 << 30
+NUMERIC_WORDS = ("never", "n/a")  # stand in for a number: aligned with the numbers
 
 
 def format_table(rows: list[list[str]], header: list[str] | None = None) -> str:
@@ -13,7 +14,12 @@ def format_table(rows: list[list[str]], header: list[str] | None = None) -> str:
     columns = list(zip(*lines, strict=True))
     widths = [max(map(len, column)) for column in columns]
     numeric = [
-        i > 0 and all(c[:1].isdigit() or c[:1] == "-" for c in column[bool(header) :] if c)
+        i > 0
+        and all(
+            c[:1].isdigit() or c[:1] == "-" or c in NUMERIC_WORDS
+            for c in column[bool(header) :]
+            if c
+        )
         for i, column in enumerate(columns)
     ]
     return "\n".join(
