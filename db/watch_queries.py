@@ -30,6 +30,9 @@ from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_RESET, OP_STORED
 
 Source = Database | sqlite3.Connection | str | os.PathLike
 
+# Removed blocks remembered per source to recognise one stored again (churn).
+EVICTED_MEMORY = 1_000_000
+
 # /metrics names per figure and engine kind (see docs/watch.md).
 METRIC_NAMES: dict[str, dict[str, str]] = {
     "usage": {"vllm": "vllm:kv_cache_usage_perc", "sglang": "sglang:token_usage"},
@@ -124,7 +127,9 @@ class SourceCache:
     """One source's cache as replayed, and what happened to it."""
 
     cached: dict[tuple[str | None, int], int] = field(default_factory=dict)  # -> stored ts_ns
-    evicted: set[tuple[str | None, int]] = field(default_factory=set)
+    # Recently removed keys, oldest first, at most EVICTED_MEMORY of them: a
+    # store of one of these is churn. Bounded, so a long watch replays in bounded memory.
+    evicted: dict[tuple[str | None, int], None] = field(default_factory=dict)
     stored: int = 0
     removed: int = 0
     reannounced: int = 0  # stored while already cached: a hit re-announced (report mode full)
@@ -265,7 +270,7 @@ def replay(source: Source, run_id: int, *, points: int = 400) -> Replay:
                         continue
                     if key in cache.evicted:
                         cache.recomputed += 1
-                        cache.evicted.discard(key)
+                        del cache.evicted[key]
                     if cache.store(key, ts_ns):
                         hold(engine, block, src, True)
             elif op == OP_REMOVED:
@@ -279,7 +284,9 @@ def replay(source: Source, run_id: int, *, points: int = 400) -> Replay:
                         cache.lifetimes_ns.append(ts_ns - stored_ns)
                         if cache.remove(key):
                             hold(engine, block, src, False)
-                    cache.evicted.add(key)
+                    cache.evicted[key] = None
+                    if len(cache.evicted) > EVICTED_MEMORY:
+                        del cache.evicted[next(iter(cache.evicted))]
             elif op in (OP_CLEARED, OP_RESET):
                 if op == OP_CLEARED:
                     cache.clears += 1

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -124,6 +126,17 @@ def _line(status, rate: float | None = None) -> str:
     )
 
 
+def _stop(session, final: str):
+    """Stop the session; a second Ctrl-C must not cut its last write short."""
+    if threading.current_thread() is not threading.main_thread():
+        return session.stop(final)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return session.stop(final)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run(args: argparse.Namespace) -> int:
     from profiler.watch.session import WatchSession
 
@@ -182,7 +195,10 @@ def run(args: argparse.Namespace) -> int:
                 )
     except KeyboardInterrupt:
         final = INTERRUPTED
-    status = session.stop(final)
+    except BaseException:
+        _stop(session, FAILED)
+        raise
+    status = _stop(session, final)
     summary = {"run_id": session.run_id, "status": final} | status.as_dict()
     if args.json:
         print(json.dumps(summary))
