@@ -2,11 +2,11 @@
 
 Every figure comes from the database through ``RunReader`` (app/tui/data.py),
 read in a thread worker a few times a second; between reads the UI sleeps.
-Reading and drawing spend from a CPU budget (a share of one core, refilled
-with time), so a large run makes the UI refresh less often instead of taking
-a core from the engine. The shown position is either the newest recorded step
-(live) or a time in the run (replay): that is the only difference between
-watching, attaching and replaying.
+Reading and drawing spend from a ``CpuBudget``, so a large run makes the UI
+refresh less often instead of taking a core from the engine. The shown
+position (``Playback``) is either the newest recorded step (live) or a time in
+the run (replay): that is the only difference between watching, attaching and
+replaying.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, Static
 
 from app.tui import Job, fmt
+from app.tui.cpu_budget import LIVE_DUTY, REPLAY_DUTY, CpuBudget
 from app.tui.data import RunReader, View
 from app.tui.help_screen import HelpScreen
 from app.tui.keys import BINDINGS
+from app.tui.legend import Legend, legend_text
 from app.tui.page_map import PageMap
-from app.tui.palette import STATE_COLOURS, STATE_NAMES, owner_colour
 from app.tui.panels import (
     Panel,
     churn_text,
@@ -41,6 +42,7 @@ from app.tui.panels import (
     prefix_text,
     throughput_text,
 )
+from app.tui.playback import Playback, default_speed
 from app.tui.requests_table import COLUMNS, RequestsTable
 from app.tui.run_picker import RunPicker
 from app.tui.timeline import Timeline
@@ -50,24 +52,8 @@ from engine.errors import KvscopeError
 
 # Seconds between database reads.
 REFRESH_S = 0.5
-# Share of one core the UI (reads and drawing) may use while an engine runs
-# (a live run, in this process or another), and while replaying a finished run;
-# and the most CPU seconds it may save up for a burst (keys, a new view).
-LIVE_DUTY = 0.03
-REPLAY_DUTY = 0.25
-MAX_BURST_S = 0.05
-# Replay speeds (run seconds per wall second); a replay starts at the one that
-# plays the whole run in about REPLAY_TARGET_S.
-SPEEDS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
-REPLAY_TARGET_S = 30.0
 # Narrower terminals stack the panels in fewer columns.
 NARROW_COLS = 120
-
-
-def default_speed(duration_s: float) -> float:
-    """The replay speed nearest (in ratio) to playing ``duration_s`` in REPLAY_TARGET_S."""
-    wanted = max(duration_s, 1e-6) / REPLAY_TARGET_S
-    return min(SPEEDS, key=lambda s: abs(np.log(s / wanted)))
 
 
 class Loaded(Message):
@@ -92,15 +78,6 @@ class KvscopeApp(App[None]):
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [*BINDINGS, ("ctrl+c", "quit", "Quit")]
 
-    follow: reactive[bool] = reactive(True)
-    """The position tracks the newest recorded step (live)."""
-
-    playing: reactive[bool] = reactive(False)
-    """A replay advances the position by ``speed`` run-seconds per wall second."""
-
-    speed: reactive[float] = reactive(1.0)
-    """Replay speed, one of SPEEDS."""
-
     selected_request: reactive[int | None] = reactive(None)
     """The request whose pages the map highlights."""
 
@@ -117,8 +94,7 @@ class KvscopeApp(App[None]):
         self.refresh_s = refresh_s
         self.run_id: int | None = None  # the run on screen; None until one is found
         self.view: View | None = None
-        # Run seconds of the shown step while not following; None: the newest step.
-        self.position_s: float | None = None
+        self.playback = Playback(follow)
         self.stop = threading.Event()
         self.job_result: dict[str, Any] | None = None
         self.job_error: BaseException | None = None
@@ -133,11 +109,35 @@ class KvscopeApp(App[None]):
         self._loading = False
         self._pending = False
         self._last_key: tuple | None = None
-        self._budget_s = 0.0  # CPU seconds the UI may still spend (see LIVE_DUTY)
-        self._spent_s = time.thread_time()  # CPU of the UI thread and reads so far
-        self._read_cpu_s = 0.0  # CPU the reads have used in the worker thread
+        self._budget = CpuBudget()
         self._last_tick = time.monotonic()
-        self.set_reactive(KvscopeApp.follow, follow)
+
+    # The playback state, as attributes (scripts and tests set them).
+
+    @property
+    def follow(self) -> bool:
+        """The position tracks the newest recorded step (live)."""
+        return self.playback.follow
+
+    @property
+    def playing(self) -> bool:
+        """A replay advances the position by ``speed`` run-seconds per wall second."""
+        return self.playback.playing
+
+    @property
+    def speed(self) -> float:
+        """Replay speed, one of playback.SPEEDS."""
+        return self.playback.speed
+
+    @speed.setter
+    def speed(self, speed: float) -> None:
+        self.playback.speed = speed
+        self._show_timeline()
+
+    @property
+    def position_s(self) -> float | None:
+        """Run seconds of the shown step while not following; None: the newest step."""
+        return self.playback.position_s
 
     # --- layout -------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ class KvscopeApp(App[None]):
             with Horizontal(id="top"):
                 with Vertical(id="map-panel"):
                     yield PageMap(id="pagemap")
-                    yield Static(id="legend")
+                    yield Legend(id="legend")
                 with Vertical(id="side"):
                     yield Panel("Throughput", throughput_text, id="throughput")
                     yield Panel("Prefix cache", prefix_text, id="prefix")
@@ -212,16 +212,14 @@ class KvscopeApp(App[None]):
 
     def _tick(self) -> None:
         now = time.monotonic()
-        spent = time.thread_time() + self._read_cpu_s
-        if self.view is not None:  # starting up and waiting for a run are not charged
+        wall_s, self._last_tick = now - self._last_tick, now
+        duty = None  # starting up and waiting for a run are not charged
+        if self.view is not None:
             duty = LIVE_DUTY if self._job is not None or self._live() else REPLAY_DUTY
-            self._budget_s += (now - self._last_tick) * duty - (spent - self._spent_s)
-            self._budget_s = min(self._budget_s, MAX_BURST_S)
-        self._spent_s = spent
-        if self.playing:
-            self._advance(now - self._last_tick)
-        self._last_tick = now
-        if self._budget_s >= 0:
+        if self.playing and self.view is not None:
+            self.playback.advance(wall_s, self.view.steps.end_s, self._live())
+            self._show_timeline()
+        if self._budget.tick(wall_s, duty):
             self._read()
 
     def _read(self) -> None:
@@ -230,7 +228,7 @@ class KvscopeApp(App[None]):
             self._pending = True
             return
         self._loading = True
-        self._load(self.run_id, None if self.follow else self.position_s)
+        self._load(self.run_id, self.playback.wanted_s())
 
     @work(thread=True, group="load")
     def _load(self, run_id: int | None, position_s: float | None) -> None:
@@ -260,7 +258,7 @@ class KvscopeApp(App[None]):
 
     def on_loaded(self, message: Loaded) -> None:
         self._loading = False
-        self._read_cpu_s += message.cpu_s
+        self._budget.charge_read(message.cpu_s)
         if isinstance(message.outcome, View):
             self._show(message.outcome)
         elif isinstance(message.outcome, str):
@@ -278,21 +276,16 @@ class KvscopeApp(App[None]):
         self.run_id = view.run.run_id
         self._read_note = ""
         if first:
-            self.call_after_refresh(self._start_budget)
-            self.speed = default_speed(view.steps.end_s)
+            self.call_after_refresh(self._budget.restart)  # building the screen is not a refresh
+            self.playback.speed = default_speed(view.steps.end_s)
             if not self.follow:
-                self.position_s = view.t_s
+                self.playback.position_s = view.t_s
         for panel in self.query(Panel):
             panel.view = view
         self._show_page_map(view)
         self.query_one(RequestsTable).requests = tuple(view.requests)
         self._show_timeline()
         self._show_runbar()
-
-    def _start_budget(self) -> None:
-        """Charge the CPU budget from here on: building the screen is not a refresh."""
-        self._spent_s = time.thread_time() + self._read_cpu_s
-        self._budget_s = 0.0
 
     def _show_page_map(self, view: View) -> None:
         page_map = self.query_one(PageMap)
@@ -302,52 +295,17 @@ class KvscopeApp(App[None]):
         self._show_legend()
 
     def _show_legend(self) -> None:
-        view, page_map = self.view, self.query_one(PageMap)
-        text = Text()
-        for code, name in STATE_NAMES.items():
-            text.append("■ ", style=STATE_COLOURS[code]).append(f"{name}  ", style="#c0c8d4")
-        text.append("■", style=owner_colour(0)).append("■", style=owner_colour(1))
-        text.append("■ ", style=owner_colour(2)).append("requests", style="#c0c8d4")
-        if view is not None and view.page_map is not None:
-            snapshot, grid = view.page_map, page_map.grid()
-            text.append("\n")
-            text.append(
-                f"{fmt.count(len(snapshot.owners))} pages · {grid.per_cell} per cell · "
-                f"snapshot of step {snapshot.step} + page events",
-                style="#6b7385",
-            )
-            if view.row is not None:
-                text.append(
-                    f" · host tier {fmt.count(view.row.host_pages_used)} pages", style="#6b7385"
-                )
-        if self.selected_request is not None:
-            held = (
-                next((r.pages for r in view.requests if r.request_id == self.selected_request), 0)
-                if view
-                else 0
-            )
-            text.append("\n")
-            text.append("■ ", style=owner_colour(self.selected_request))
-            text.append(
-                f"request {self.selected_request} selected: {held} pages (Esc to clear)",
-                style="bold #e5e9f0",
-            )
-        legend = self.query_one("#legend", Static)
-        if text != legend.content:  # its height may change: a relayout, so only when needed
-            legend.update(text)
+        view = self.view
+        mapped = view is not None and view.page_map is not None
+        per_cell = self.query_one(PageMap).grid().per_cell if mapped else 1
+        self.query_one(Legend).show(legend_text(view, per_cell, self.selected_request))
 
     def _show_timeline(self) -> None:
         timeline, view = self.query_one(Timeline), self.view
         if view is None:
             timeline.mode = "waiting"
             return
-        live = view.run.status == RUNNING
-        if self.follow and live:
-            timeline.mode = "live"
-        elif self.playing:
-            timeline.mode = "playing"
-        else:
-            timeline.mode = "paused"
+        timeline.mode = self.playback.mode(view.run.status == RUNNING)
         timeline.speed = self.speed
         timeline.end_s = view.steps.end_s
         timeline.position_s = view.t_s if self.follow else (self.position_s or 0.0)
@@ -372,15 +330,6 @@ class KvscopeApp(App[None]):
             if note:
                 text.append(f"  {note}", style="bold #edc948")
         self.query_one("#runbar", Static).update(text, layout=False)
-
-    def watch_follow(self) -> None:
-        self._show_timeline()
-
-    def watch_playing(self) -> None:
-        self._show_timeline()
-
-    def watch_speed(self) -> None:
-        self._show_timeline()
 
     # --- selection -------------------------------------------------------------------
 
@@ -411,19 +360,15 @@ class KvscopeApp(App[None]):
     def _live(self) -> bool:
         return self.view is not None and self.view.run.status == RUNNING
 
-    def _current_s(self) -> float:
-        if self.view is None:
-            return 0.0
-        return self.view.t_s if self.follow or self.position_s is None else self.position_s
+    def _moved(self) -> None:
+        """The position changed: show it and read it."""
+        self._show_timeline()
+        self._read()
 
     def _seek(self, t_s: float) -> None:
         """Show the step at ``t_s`` and stay there (pauses playback and following)."""
-        end = self.view.steps.end_s if self.view else 0.0
-        self.follow = False
-        self.playing = False
-        self.position_s = min(max(t_s, 0.0), end)
-        self._show_timeline()
-        self._read()
+        self.playback.seek(t_s, self.view.steps.end_s if self.view else 0.0)
+        self._moved()
 
     def show_step(self, step: int) -> None:
         """Pause the replay at ``step`` (or the last recorded step before it): for
@@ -432,60 +377,34 @@ class KvscopeApp(App[None]):
             steps = self.view.steps
             self._seek(steps.t_s[steps.index_of_step(step)])
 
-    def _advance(self, wall_s: float) -> None:
-        """Playback: move the position ``wall_s * speed`` run-seconds on."""
-        if self.view is None:
-            return
-        end = self.view.steps.end_s
-        position = (self.position_s or 0.0) + wall_s * self.speed
-        if position < end:
-            self.position_s = position
-        elif self._live():
-            self.playing = False
-            self.follow = True  # caught up with a run still being written: go live
-        else:
-            self.playing = False
-            self.position_s = end
-        self._show_timeline()
-
     def action_toggle_play(self) -> None:
         if self.view is None:
             return
-        if self.playing:
-            self.playing = False
-        elif self.follow:
-            self._seek(self._current_s())
-        else:
-            if not self._live() and self._current_s() >= self.view.steps.end_s:
-                self.position_s = 0.0  # a finished replay plays again from the start
-            self._last_tick = time.monotonic()
-            self.playing = True
+        self.playback.toggle(self.view.t_s, self.view.steps.end_s, self._live())
+        self._last_tick = time.monotonic()
+        self._moved()
 
     def action_step(self, delta: int) -> None:
-        if self.view is None or not self.view.steps:
-            return
-        timeline = self.view.steps
-        current = timeline.index_at(self._current_s())
-        self._seek(timeline.t_s[min(max(current + delta, 0), len(timeline) - 1)])
+        if self.view is not None and self.view.steps:
+            self.playback.step(self.view.steps, delta, self.view.t_s)
+            self._moved()
 
     def action_jump(self, fraction: float) -> None:
         if self.view is not None:
-            self._seek(self._current_s() + fraction * self.view.steps.end_s)
+            view = self.view
+            self._seek(self.playback.current_s(view.t_s) + fraction * view.steps.end_s)
 
     def action_seek_start(self) -> None:
         self._seek(0.0)
 
     def action_seek_end(self) -> None:
-        if self._live():
-            self.follow = True
-            self.playing = False
-            self._read()
-        elif self.view is not None:
-            self._seek(self.view.steps.end_s)
+        if self.view is not None:
+            self.playback.seek_end(self.view.steps.end_s, self._live())
+            self._moved()
 
     def action_speed(self, delta: int) -> None:
-        index = min(range(len(SPEEDS)), key=lambda i: abs(SPEEDS[i] - self.speed))
-        self.speed = SPEEDS[min(max(index + delta, 0), len(SPEEDS) - 1)]
+        self.playback.change_speed(delta)
+        self._show_timeline()
 
     def on_timeline_seek(self, message: Timeline.Seek) -> None:
         if self.view is not None:
@@ -515,10 +434,8 @@ class KvscopeApp(App[None]):
         self._asked_run = self.run_id = run_id
         self.view = None
         self.selected_request = None
-        self.playing = False
-        self.position_s = None
-        self.follow = run_id in live
-        self._read()
+        self.playback.reset(follow=run_id in live)
+        self._moved()
 
     async def action_quit(self) -> None:
         self.stop.set()  # a running job stops and marks its run interrupted

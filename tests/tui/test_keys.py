@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from tui_helpers import Recorded, aio, goto_step, rich_text, settle, viewer, wait_for, wait_for_view
 
-from app.tui.app import SPEEDS
 from app.tui.help_screen import HelpScreen
 from app.tui.keys import BINDINGS
 from app.tui.page_map import PageMap
+from app.tui.playback import SPEEDS
 from app.tui.requests_table import COLUMNS, STATE_RANK, RequestsTable
 from app.tui.run_picker import RunPicker
 from app.tui.timeline import Timeline

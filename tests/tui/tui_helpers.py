@@ -98,9 +98,7 @@ async def settle(pilot: Any, app: KvscopeApp) -> View:
         view = app.view
         if view is None or app._loading:
             return False
-        wanted = (
-            len(view.steps) - 1 if app.follow else view.steps.index_at(app.position_s or 0)
-        )
+        wanted = len(view.steps) - 1 if app.follow else view.steps.index_at(app.position_s or 0)
         return view.index == wanted
 
     await wait_for(pilot, shown)
