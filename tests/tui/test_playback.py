@@ -75,4 +75,4 @@ def test_cpu_budget_refills_with_time_and_caps_a_burst() -> None:
     budget.charge_read(1.0)  # a read that took a CPU second overdraws it
     assert not budget.tick(0.0, 0.25) and budget.left_s < -0.9
     budget.restart()
-    assert budget.left_s == 0.0 and budget.tick(0.0, 0.25)
+    assert budget.left_s == 0.0 and budget.tick(1.0, 0.25)  # refilled again
