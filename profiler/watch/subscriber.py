@@ -219,30 +219,37 @@ class Subscriber:
         return stream
 
     def _on_frames(self, sock: _Socket, frames: list[bytes]) -> None:
+        base = sock.streams[sock.spec.dp_rank]
         try:
             message = parse_live(frames)
-            batch = decode_payload(message.payload)
         except KvscopeError as exc:
-            stream = sock.streams[sock.spec.dp_rank]
-            stream.bad_messages += 1
-            self._sink.on_incident(stream, "bad_message", detail=str(exc))
+            base.bad_messages += 1
+            self._sink.on_incident(base, "bad_message", detail=str(exc))
             return
-        stream = self._stream_for(sock, batch)
+        batch = _decode(message.payload)
+        # An undecodable batch still takes its place in the sequence: it arrived.
+        stream = self._stream_for(sock, batch) if isinstance(batch, EventBatch) else base
         seq = message.seq
         verdict = stream.tracker.classify(seq)
         if verdict is Verdict.DUPLICATE:
             return
         if verdict is Verdict.RESTART:
             stream.restarts += 1
-            self._sink.on_restart(stream, stream.tracker.last, seq, batch.ts)
+            ts = batch.ts if isinstance(batch, EventBatch) else time.time()
+            self._sink.on_restart(stream, stream.tracker.last, seq, ts)
             stream.tracker.reset()
             verdict = stream.tracker.classify(seq)
         if verdict is Verdict.GAP:
             self._fill_gap(sock, stream, stream.tracker.expected, seq)
         self._deliver(stream, seq, batch)
 
-    def _deliver(self, stream: Stream, seq: int, batch: EventBatch) -> None:
+    def _deliver(self, stream: Stream, seq: int, batch: EventBatch | str) -> None:
+        """Accept ``seq``: hand its batch on, or count it bad (``batch`` is then the error)."""
         stream.tracker.accept(seq)
+        if isinstance(batch, str):
+            stream.bad_messages += 1
+            self._sink.on_incident(stream, "bad_message", seq, seq, detail=batch)
+            return
         stream.batches += 1
         stream.events += len(batch.events)
         self._sink.on_batch(stream, seq, batch)
@@ -286,13 +293,21 @@ class Subscriber:
                     return got
                 # Only the missing range: later batches are still on their way live.
                 if stream.tracker.expected <= message.seq < end:
-                    self._deliver(stream, message.seq, decode_payload(message.payload))
+                    self._deliver(stream, message.seq, _decode(message.payload))
                     got += 1
         except KvscopeError:
             # A late or unread answer must not be taken for the next one: start afresh.
             dealer.close(0)
             del sock.replays[endpoint]
             raise
+
+
+def _decode(payload: bytes) -> EventBatch | str:
+    """The batch, or why it cannot be decoded."""
+    try:
+        return decode_payload(payload)
+    except KvscopeError as exc:
+        return str(exc)
 
 
 def _text(value: bytes | str) -> str:

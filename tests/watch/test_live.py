@@ -271,3 +271,17 @@ def test_failed_scrape_is_an_incident(tmp_path: Path, publishers) -> None:
 def _incidents_now(session: WatchSession) -> list:
     session.recorder.flush()
     return q.incidents(session.recorder._db, session.run_id)
+
+
+def test_undecodable_batch_is_counted_not_replayed(tmp_path: Path, publishers) -> None:
+    pub = publishers(replay_endpoint="tcp://127.0.0.1:*")
+    session = _session(tmp_path / "w.db", expand_sources(pub.endpoint, replay=pub.replay_endpoint))
+    pub.wait_for_subscribers()
+    pub.publish([vllm_stored([1])])
+    pub.publish_payload(b"\xc1 not msgpack")
+    pub.publish([vllm_stored([2], 1)])
+    wait_until(lambda: session.status().batches == 2)
+    status = session.stop()
+    assert (status.bad_messages, status.gaps, status.lost_batches) == (1, 0, 0)
+    (bad,) = [i for i in q.incidents(tmp_path / "w.db", session.run_id) if i.kind == "bad_message"]
+    assert (bad.first_seq, bad.last_seq) == (1, 1) and "not msgpack" in bad.detail
