@@ -1,4 +1,4 @@
-"""``kvscope calc``, ``kvscope calc offload`` and ``kvscope simulate`` through the real CLI."""
+"""``kvscope calc``, ``calc offload``, ``calc cliff`` and ``kvscope simulate`` through the real CLI."""
 
 from __future__ import annotations
 
