@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from app.dashboard import figures
-from app.tui.page_map import plan_grid
+from app.tui.page_grid import plan_grid
 from db.pages import (
     PAGE_CLASSES,
     class_counts,

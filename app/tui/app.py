@@ -32,7 +32,7 @@ from app.tui.data import RunReader, View
 from app.tui.help_screen import HelpScreen
 from app.tui.keys import BINDINGS
 from app.tui.legend import Legend, legend_text
-from app.tui.page_map import PageMap
+from app.tui.page_grid import PageGrid
 from app.tui.panels import (
     Panel,
     churn_text,
@@ -146,7 +146,7 @@ class KvscopeApp(App[None]):
         with VerticalScroll(id="body"):
             with Horizontal(id="top"):
                 with Vertical(id="map-panel"):
-                    yield PageMap(id="pagemap")
+                    yield PageGrid(id="pagemap")
                     yield Legend(id="legend")
                 with Vertical(id="side"):
                     yield Panel("Throughput", throughput_text, id="throughput")
@@ -288,7 +288,7 @@ class KvscopeApp(App[None]):
         self._show_runbar()
 
     def _show_page_map(self, view: View) -> None:
-        page_map = self.query_one(PageMap)
+        page_map = self.query_one(PageGrid)
         shown = page_map.owners
         if shown is None or view.pages is None or not np.array_equal(shown, view.pages):
             page_map.owners = view.pages  # repainted only when a page changed hands
@@ -297,7 +297,7 @@ class KvscopeApp(App[None]):
     def _show_legend(self) -> None:
         view = self.view
         mapped = view is not None and view.page_map is not None
-        per_cell = self.query_one(PageMap).grid().per_cell if mapped else 1
+        per_cell = self.query_one(PageGrid).grid().per_cell if mapped else 1
         self.query_one(Legend).show(legend_text(view, per_cell, self.selected_request))
 
     def _show_timeline(self) -> None:
@@ -334,7 +334,7 @@ class KvscopeApp(App[None]):
     # --- selection -------------------------------------------------------------------
 
     def watch_selected_request(self, request_id: int | None) -> None:
-        self.query_one(PageMap).selected = request_id
+        self.query_one(PageGrid).selected = request_id
         if self.view is not None:
             self._show_legend()
         table = self.query_one(RequestsTable)
@@ -345,7 +345,7 @@ class KvscopeApp(App[None]):
         if event.row_key.value is not None:
             self.selected_request = int(event.row_key.value)
 
-    def on_page_map_request_clicked(self, message: PageMap.RequestClicked) -> None:
+    def on_page_grid_request_clicked(self, message: PageGrid.RequestClicked) -> None:
         self.selected_request = message.request_id
 
     def action_unselect(self) -> None:

@@ -1,4 +1,4 @@
-"""The page occupancy map: one cell per KV page, coloured by who holds it.
+"""The page occupancy grid: one cell per KV page, coloured by who holds it.
 
 With few pages each page is a square ("■") in a grid labelled by page number;
 with more pages than fit, each character holds two cells (a half block, top and
@@ -68,8 +68,9 @@ def plan_grid(num_pages: int, width: int, height: int) -> Grid:
     return Grid(width, -(-cells // width), per_cell, "", 1, 1, 0)
 
 
-class PageMap(Widget):
-    """The occupancy grid of one page-map snapshot."""
+class PageGrid(Widget):
+    """The occupancy grid of the page map at the shown position (``engine.events.PageMap``
+    is the recorded snapshot it starts from)."""
 
     owners: reactive[np.ndarray | None] = reactive(None, always_update=True)
     """Owner per page (request id, PAGE_* code or PAGE_OFFLOADED); None before the first snapshot."""

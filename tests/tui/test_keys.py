@@ -7,7 +7,7 @@ from tui_helpers import Recorded, aio, goto_step, rich_text, settle, viewer, wai
 
 from app.tui.help_screen import HelpScreen
 from app.tui.keys import BINDINGS
-from app.tui.page_map import PageMap
+from app.tui.page_grid import PageGrid
 from app.tui.playback import SPEEDS
 from app.tui.requests_table import COLUMNS, STATE_RANK, RequestsTable
 from app.tui.run_picker import RunPicker
@@ -90,7 +90,7 @@ async def test_selecting_a_request_highlights_its_pages(recorded: Recorded) -> N
         table.move_cursor(row=table.get_row_index(str(holder.request_id)))
         await pilot.press("enter")
         assert app.selected_request == holder.request_id
-        page_map = app.query_one(PageMap)
+        page_map = app.query_one(PageGrid)
         assert page_map.selected == holder.request_id
         colours = _cell_colours(page_map)
         own = colours[view.pages == holder.request_id]
@@ -102,7 +102,7 @@ async def test_selecting_a_request_highlights_its_pages(recorded: Recorded) -> N
         assert app.selected_request is None and page_map.selected is None
 
 
-def _cell_colours(page_map: PageMap) -> np.ndarray:
+def _cell_colours(page_map: PageGrid) -> np.ndarray:
     """The colour of each page's cell as drawn (one page per cell at this size)."""
     text = page_map.render()
     colours = [
@@ -117,13 +117,13 @@ async def test_clicking_a_page_selects_its_request(recorded: Recorded) -> None:
     app = viewer(recorded)
     async with app.run_test(size=(120, 40)) as pilot:
         view = await goto_step(pilot, app, 60)
-        page_map = app.query_one(PageMap)
+        page_map = app.query_one(PageGrid)
         page = int(np.flatnonzero(view.pages >= 0)[0])
         grid = page_map.grid()
         x = grid.gutter + (page % grid.cols) * grid.cell_width
         y = (page // grid.cols) * grid.row_height
         assert page_map.page_at(x, y) == page
-        await pilot.click(PageMap, offset=(x + page_map.region.x - page_map.content_region.x, y))
+        await pilot.click(PageGrid, offset=(x + page_map.region.x - page_map.content_region.x, y))
         assert app.selected_request == int(view.pages[page])
         table = app.query_one(RequestsTable)
         assert table.cursor_request() == int(view.pages[page])

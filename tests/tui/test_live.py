@@ -14,7 +14,7 @@ from tui_helpers import MAIN, SMALL, aio, make_recorder, record, wait_for, wait_
 from app.cli import main as cli_main
 from app.tui import run_tui
 from app.tui.app import KvscopeApp
-from app.tui.page_map import PageMap
+from app.tui.page_grid import PageGrid
 from app.tui.requests_table import RequestsTable
 from app.tui.timeline import Timeline
 from db import queries
@@ -78,7 +78,7 @@ async def test_a_run_without_steps_yet_shows_placeholders(tmp_path: Path) -> Non
         assert view.row is None and view.run.run_id == recorder.run_id
         assert app.query_one(Timeline).step_label == "no step recorded yet"
         assert str(app.query_one("#throughput").render()) == "waiting for data"
-        assert str(app.query_one(PageMap).render()) == "no page-map snapshot recorded yet"
+        assert str(app.query_one(PageGrid).render()) == "no page-map snapshot recorded yet"
     recorder.finish("complete")
 
 

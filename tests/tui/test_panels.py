@@ -14,7 +14,7 @@ import pytest
 from tui_helpers import Recorded, aio, goto_step, rich_text, viewer, wait_for_view
 
 from app.tui import fmt
-from app.tui.page_map import PageMap
+from app.tui.page_grid import PageGrid
 from app.tui.panels import LABEL_WIDTH, VALUE_WIDTH, Panel
 from app.tui.requests_table import RequestsTable
 
@@ -153,7 +153,7 @@ async def test_every_panel_shows_the_databases_figures(
             assert cells[6] == fmt.seconds(ttft)
 
         # Page map: one cell per page, owners as the engine's snapshot holds them.
-        page_map = app.query_one(PageMap)
+        page_map = app.query_one(PageGrid)
         assert page_map.owners is not None and len(page_map.owners) == s["pages_total"]
         assert int(np.count_nonzero(page_map.owners >= 0)) == s["pages_used"]
         assert len(re.findall("▆+", page_map.render().plain)) == s["pages_total"]
@@ -173,7 +173,7 @@ async def test_page_map_shows_the_stored_snapshot_at_a_snapshot_step(
     app = viewer(recorded)
     async with app.run_test(size=(120, 40)) as pilot:
         await goto_step(pilot, app, step)
-        shown = app.query_one(PageMap).owners
+        shown = app.query_one(PageGrid).owners
         evicted = stored == -3
         assert np.array_equal(shown[~evicted], stored[~evicted])
         assert np.isin(shown[evicted], [-3, -4]).all()

@@ -7,7 +7,7 @@ import pytest
 from tui_helpers import Recorded, aio, goto_step, viewer
 
 from app.tui import fmt, requests_table
-from app.tui.page_map import CELL_SHAPES, plan_grid
+from app.tui.page_grid import CELL_SHAPES, plan_grid
 from app.tui.requests_table import RequestsTable
 
 
