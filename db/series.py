@@ -20,7 +20,7 @@ from db.events import prefix_tokens
 from db.runs import page_size
 from db.schema import STEP_COLUMNS
 from db.source import Source, bucket_sql, connection, run_origin, window
-from engine.events import PageReloaded, StepSummary
+from engine.events import PageEvicted, PageReloaded, RequestPreempted, StepSummary
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,3 +256,18 @@ def cached_sources(source: Source, run_id: int, points: Sequence[StepPoint]) -> 
         device_tokens=[p.prefix_hit_tokens for p in points],
         host_tokens=(per_bucket * tokens_per_page).tolist(),
     )
+
+
+def busiest_step(source: Source, run_id: int) -> int | None:
+    """The step worth a picture: once the cache is under pressure (something was
+    evicted or preempted), the one with the most requests running on the most
+    pages; None without steps."""
+    with connection(source) as conn:
+        row = conn.execute(
+            """SELECT step FROM steps WHERE run_id = :run AND step >= COALESCE(
+                 (SELECT MIN(step) FROM events WHERE run_id = :run AND kind IN (:evicted, :preempted)),
+                 0)
+               ORDER BY running * pages_used DESC, step LIMIT 1""",
+            {"run": run_id, "evicted": PageEvicted.kind, "preempted": RequestPreempted.kind},
+        ).fetchone()
+    return None if row is None else row[0]

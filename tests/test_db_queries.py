@@ -14,6 +14,7 @@ import pytest
 
 from db import queries
 from db.schema import COMPLETE, INCOMPLETE, RUNNING
+from db.series import busiest_step
 from db.source import run_origin
 from engine.errors import KvscopeError
 from engine.events import PAGE_FREE, PageMap, PagesAllocated, PagesFreed, StepSummary
@@ -275,3 +276,12 @@ def test_empty_run_has_no_figures(tmp_path: Path) -> None:
     assert queries.page_maps(path, run_id).owners.shape == (0, 0)
     assert queries.latest_step(path, run_id).step is None
     assert PAGE_FREE == -1
+
+
+def test_busiest_step_is_under_pressure_and_fullest(recorded) -> None:
+    path, run_id, run = recorded
+    steps = [e for e in run.events if isinstance(e, StepSummary)]
+    pressure = min(e.step for e in run.events if e.kind in ("page_evicted", "request_preempted"))
+    later = [e for e in steps if e.step >= pressure]
+    best = max(later, key=lambda e: (e.running * e.pages_used, -e.step))
+    assert busiest_step(path, run_id) == best.step

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from app.tui.app import KvscopeApp
 from app.tui.data import check_database
-from db import queries
+from db import queries, series
 from engine.errors import KvscopeError
 
 # (file name, terminal size, keys pressed before the picture)
@@ -31,19 +30,11 @@ SHOTS = (
 
 
 def busiest_step(path: Path, run_id: int) -> int:
-    """The step worth a picture: once the cache is under pressure (something was
-    evicted or preempted), the one with the most requests running on the most pages."""
-    with sqlite3.connect(path) as conn:
-        row = conn.execute(
-            """SELECT step FROM steps WHERE run_id = :run AND step >= COALESCE(
-                 (SELECT MIN(step) FROM events WHERE run_id = :run
-                  AND kind IN ('page_evicted', 'request_preempted')), 0)
-               ORDER BY running * pages_used DESC, step LIMIT 1""",
-            {"run": run_id},
-        ).fetchone()
-    if row is None:
+    """The step to take the pictures at (see db.series.busiest_step)."""
+    step = series.busiest_step(path, run_id)
+    if step is None:
         raise KvscopeError(f"run {run_id} in {path} has no steps to show")
-    return row[0]
+    return step
 
 
 async def _shoot(
