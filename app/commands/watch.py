@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="ENDPOINT",
-        help="the replay endpoint of each --source, in the same order",
+        help="the replay endpoint of each --source, in the same order (then of --listen)",
     )
     p.add_argument("--topic", default="", help="the topic the engines publish on (default: all)")
     p.add_argument(
@@ -81,6 +81,9 @@ def _specs(args: argparse.Namespace) -> list:
     from profiler.watch.discovery import discover
     from profiler.watch.sources import expand_sources
 
+    listen_replay = None
+    if args.listen and len(args.replay) == len(args.source) + 1:
+        listen_replay = args.replay.pop()
     if args.replay and len(args.replay) != len(args.source):
         raise KvscopeError(
             f"{len(args.replay)} --replay for {len(args.source)} --source: give one per source"
@@ -97,8 +100,9 @@ def _specs(args: argparse.Namespace) -> list:
     if args.listen:
         specs += expand_sources(
             args.listen,
-            replay=None,
+            replay=listen_replay,
             topic=args.topic,
+            dp_size=args.dp_size,
             engine=args.engine,
             listen=True,
         )

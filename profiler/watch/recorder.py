@@ -101,7 +101,7 @@ class WatchRecorder:
                 spec.engine,
                 spec.endpoint,
                 spec.replay,
-                spec.topic,
+                stream.topic,
                 stream.dp_rank,
                 int(spec.listen),
             )

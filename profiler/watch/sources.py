@@ -18,7 +18,8 @@ _SCHEMES = ("tcp://", "ipc://", "inproc://")
 @dataclass(frozen=True, slots=True)
 class SourceSpec:
     """One event stream. ``listen`` means kvscope binds ``endpoint`` and engines
-    connect to it (vLLM's fan-in); the stream's DP rank then comes from the payload."""
+    connect to it (vLLM's fan-in): engines pushing to one port are told apart by
+    topic and by the DP rank in their payloads."""
 
     endpoint: str
     replay: str | None = None
@@ -64,7 +65,8 @@ def expand_sources(
     engine: str = "vllm",
     listen: bool = False,
 ) -> list[SourceSpec]:
-    """One spec per data-parallel rank (one listening spec for ``listen``)."""
+    """One spec per data-parallel rank: engines offset their endpoint by rank
+    whether they bind or connect, so a listening kvscope binds one port per rank too."""
     if engine not in ENGINES:
         raise KvscopeError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if dp_size < 1:
@@ -72,8 +74,6 @@ def expand_sources(
     check_endpoint(endpoint, listen=listen)
     if replay is not None:
         check_endpoint(replay)
-    if listen:
-        return [SourceSpec(endpoint, replay, topic, None, engine, listen=True)]
     return [
         SourceSpec(
             offset_endpoint(endpoint, rank),
@@ -81,6 +81,7 @@ def expand_sources(
             topic,
             rank if dp_size > 1 else None,
             engine,
+            listen,
         )
         for rank in range(dp_size)
     ]

@@ -48,6 +48,7 @@ class Stream:
     index: int  # the source's number within the watch run
     spec: SourceSpec
     dp_rank: int | None
+    topic: str
     tracker: SequenceTracker = field(default_factory=SequenceTracker)
     batches: int = 0
     events: int = 0
@@ -85,12 +86,14 @@ class Sink(Protocol):
 
 @dataclass(slots=True)
 class _Socket:
-    """A SUB socket and the streams it carries (one, or one per DP rank when listening)."""
+    """A SUB socket and the streams it carries: one, or when listening one per
+    (topic, DP rank) of the engines that push to it; ``base`` is the socket's own."""
 
     spec: SourceSpec
     sub: zmq.Socket
     monitor: zmq.Socket
-    streams: dict[int | None, Stream]
+    base: Stream
+    streams: dict[tuple[bytes, int | None], Stream]
     replays: dict[str, zmq.Socket] = field(default_factory=dict)
 
 
@@ -120,8 +123,8 @@ class Subscriber:
         """Every stream seen, in order (kept after ``stop``)."""
         return list(self._streams)
 
-    def _new_stream(self, spec: SourceSpec, dp_rank: int | None) -> Stream:
-        stream = Stream(self._sink.next_source_index(), spec, dp_rank)
+    def _new_stream(self, spec: SourceSpec, dp_rank: int | None, topic: str) -> Stream:
+        stream = Stream(self._sink.next_source_index(), spec, dp_rank, topic)
         self._streams.append(stream)
         self._sink.new_stream(stream)
         return stream
@@ -145,8 +148,8 @@ class Subscriber:
             monitor.close(0)
             verb = "listen on" if spec.listen else "connect to"
             raise KvscopeError(f"cannot {verb} {spec.endpoint}: {exc}") from None
-        stream = self._new_stream(spec, spec.dp_rank)
-        return _Socket(spec, sub, monitor, {spec.dp_rank: stream})
+        stream = self._new_stream(spec, spec.dp_rank, spec.topic)
+        return _Socket(spec, sub, monitor, stream, {(spec.topic.encode(), spec.dp_rank): stream})
 
     # --- the thread -------------------------------------------------------------
 
@@ -203,23 +206,27 @@ class Subscriber:
     def _on_monitor(self, sock: _Socket) -> None:
         event = recv_monitor_message(sock.monitor)
         kind = event["event"]
-        stream = sock.streams[sock.spec.dp_rank]
+        stream = sock.base
         if kind == zmq.EVENT_DISCONNECTED:
             stream.disconnects += 1
             self._sink.on_incident(stream, "disconnected", detail=_text(event["endpoint"]))
         else:
             self._sink.on_incident(stream, "connected", detail=_text(event["endpoint"]))
 
-    def _stream_for(self, sock: _Socket, batch: EventBatch) -> Stream:
+    def _stream_for(self, sock: _Socket, topic: bytes, batch: EventBatch) -> Stream:
+        """The stream of a message: engines pushing to one listening socket are told
+        apart by topic and DP rank (each numbers its batches from 0)."""
         if not sock.spec.listen:
-            return sock.streams[sock.spec.dp_rank]
-        stream = sock.streams.get(batch.dp_rank)
+            return sock.base
+        key = (topic, sock.spec.dp_rank if batch.dp_rank is None else batch.dp_rank)
+        stream = sock.streams.get(key)
         if stream is None:
-            stream = sock.streams[batch.dp_rank] = self._new_stream(sock.spec, batch.dp_rank)
+            name = topic.decode(errors="replace")
+            stream = sock.streams[key] = self._new_stream(sock.spec, key[1], name)
         return stream
 
     def _on_frames(self, sock: _Socket, frames: list[bytes]) -> None:
-        base = sock.streams[sock.spec.dp_rank]
+        base = sock.base
         try:
             message = parse_live(frames)
         except KvscopeError as exc:
@@ -228,7 +235,9 @@ class Subscriber:
             return
         batch = _decode(message.payload)
         # An undecodable batch still takes its place in the sequence: it arrived.
-        stream = self._stream_for(sock, batch) if isinstance(batch, EventBatch) else base
+        stream = (
+            self._stream_for(sock, message.topic, batch) if isinstance(batch, EventBatch) else base
+        )
         seq = message.seq
         verdict = stream.tracker.classify(seq)
         if verdict is Verdict.DUPLICATE:
@@ -260,7 +269,8 @@ class Subscriber:
         """Ask the replay socket for batches [first, end); count what does not come back."""
         stream.gaps += 1
         endpoint = stream.spec.replay
-        if endpoint is not None and stream.spec.listen and stream.dp_rank:
+        if endpoint is not None and stream.dp_rank != stream.spec.dp_rank and stream.dp_rank:
+            # A rank found in the payloads of a one-port listener: its replay port by the rule.
             endpoint = offset_endpoint(endpoint, stream.dp_rank)
         got = 0
         detail = "no replay endpoint"

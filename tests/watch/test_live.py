@@ -171,24 +171,41 @@ def test_eight_dp_ranks_over_ipc(tmp_path: Path, publishers) -> None:
     ]
 
 
-def test_listen_fan_in_splits_streams_by_dp_rank(tmp_path: Path, publishers) -> None:
+def test_listen_fan_in_splits_streams_by_topic_and_dp_rank(tmp_path: Path, publishers) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     session = _session(tmp_path / "w.db", expand_sources(endpoint, listen=True))
-    # vLLM connects (no wildcard in the endpoint) to the listening kvscope.
+    # vLLM connects (no wildcard in the endpoint) to the listening kvscope; each
+    # engine numbers its batches from 0, so they must not be taken for one stream.
     pubs = [publishers(endpoint, dp_rank=rank) for rank in (0, 1)]
+    pubs.append(publishers(endpoint, dp_rank=0, topic="other-server"))
     for rank, pub in enumerate(pubs):
         pub.wait_for_subscribers()
         for i in range(3 + rank):
             pub.publish([vllm_stored([100 * rank + i])])
-    wait_until(lambda: session.status().batches == 7)
+    wait_until(lambda: session.status().batches == 3 + 4 + 5)
     status = session.stop()
-    assert status.gaps == 0 and status.restarts == 0  # two seq 0..n streams, not one mess
+    assert status.gaps == 0 and status.restarts == 0  # three seq 0..n streams, not one mess
     sources = q.watch_sources(tmp_path / "w.db", session.run_id)
-    assert [(s.dp_rank, s.batches, s.listen) for s in sources] == [
-        (None, 0, True),  # the listening socket itself
-        (0, 3, True),
-        (1, 4, True),
+    assert [(s.topic, s.dp_rank, s.batches, s.listen) for s in sources] == [
+        ("", None, 0, True),  # the listening socket itself
+        ("", 0, 3, True),
+        ("", 1, 4, True),
+        ("other-server", 0, 5, True),
     ]
+
+
+def test_listen_with_dp_ranks_binds_a_port_each(tmp_path: Path, publishers) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    specs = expand_sources(endpoint, listen=True, dp_size=2)
+    session = _session(tmp_path / "w.db", specs)
+    for spec in specs:
+        pub = publishers(spec.endpoint, dp_rank=spec.dp_rank)
+        pub.wait_for_subscribers()
+        pub.publish([vllm_stored([spec.dp_rank])])
+    wait_until(lambda: session.status().batches == 2)
+    session.stop()
+    sources = q.watch_sources(tmp_path / "w.db", session.run_id)
+    assert [(s.dp_rank, s.batches) for s in sources] == [(0, 1), (1, 1)]
 
 
 class _Metrics:

@@ -28,9 +28,13 @@ def test_ipc_ranks_take_a_suffix() -> None:
     assert {s.engine for s in specs} == {"sglang"}
 
 
-def test_listen_is_one_spec_whose_ranks_come_from_payloads() -> None:
-    (spec,) = expand_sources("tcp://127.0.0.1:5557", dp_size=4, listen=True)
-    assert spec.listen and spec.dp_rank is None
+def test_listening_binds_a_port_per_rank() -> None:
+    # vLLM offsets a connecting endpoint by rank too, so each rank pushes to its own port.
+    specs = expand_sources("tcp://127.0.0.1:5557", dp_size=2, listen=True)
+    assert [(s.endpoint, s.dp_rank, s.listen) for s in specs] == [
+        ("tcp://127.0.0.1:5557", 0, True),
+        ("tcp://127.0.0.1:5558", 1, True),
+    ]
 
 
 @pytest.mark.parametrize(
