@@ -45,10 +45,6 @@ class ModelConfig:
             )
 
     @property
-    def gqa_group(self) -> int:
-        return self.num_q_heads // self.num_kv_heads
-
-    @property
     def num_params(self) -> int:
         """Parameter count (embeddings once when tied)."""
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size

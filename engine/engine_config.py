@@ -1,4 +1,12 @@
-"""The engine's knobs, validated once. The CLI's shared engine option group maps 1:1 onto this."""
+"""The engine's knobs, validated once.
+
+The CLI's shared engine option group (app/engine_options.py) builds one from
+its flags. Most fields have a flag of the same name; ``kv_budget_bytes`` and
+``host_budget_bytes`` come from ``--kv-budget`` / ``--host-budget`` (sizes such
+as 24MiB), ``prefix_cache`` and ``chunked_prefill`` from ``--no-prefix-cache``
+/ ``--no-chunked-prefill``, ``page_map_every`` has no flag, and ``--threads``
+sets torch's threads, not a field here.
+"""
 
 from __future__ import annotations
 
