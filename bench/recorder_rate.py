@@ -10,16 +10,23 @@ Two measurements, each into a fresh database:
 - paced: emit at a fixed rate for a few seconds with the default queue and
   report dropped events and the deepest queue seen.
 
-Two event mixes: the synthetic engine run (request lifecycle, pages, prefix
-lookups, evictions, step summaries, page maps, kernel timings) and a
-kernel-heavy one (30 kernel timings per step, as with per-layer timing).
+Three event mixes: the synthetic engine run (request lifecycle, pages,
+prefix lookups, evictions, step summaries, page maps, kernel timings), a
+kernel-heavy one (30 kernel timings per step, as with per-layer timing), and
+GPU scale: a ``--pages`` pool (100,000 by default; an 8B-shape run on one
+H200 has about 55,000) whose page map is snapshotted every 4th step, each
+step also bringing a step summary, two kernel timings and page alloc/free
+events. The GPU-scale mix is paced in steps per second (``--steps-per-s``,
+1,000 by default) and reports the page map's stored (compressed) size.
 
-    .venv/bin/python bench/recorder_rate.py [--events N] [--repeats K] [--pace R] [--db-dir DIR]
+    .venv/bin/python bench/recorder_rate.py [--events N] [--repeats K] [--pace R]
+        [--steps-per-s S] [--pages P] [--db-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 import time
@@ -27,8 +34,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.events import Event, EventBus, KernelTiming, StepSummary, now_ns  # noqa: E402
-from profiler.recorder import Recorder  # noqa: E402
+import numpy as np  # noqa: E402
+
+from engine.events import (  # noqa: E402
+    PAGE_CACHED,
+    PAGE_FREE,
+    Event,
+    EventBus,
+    KernelTiming,
+    PageMap,
+    PagesAllocated,
+    PagesFreed,
+    StepSummary,
+    now_ns,
+)
+from profiler.recorder import Recorder, to_batch  # noqa: E402
 from profiler.synthetic import SyntheticRun  # noqa: E402
 
 
@@ -50,6 +70,72 @@ def kernel_mix(n: int, start_ns: int) -> list[Event]:
         step += 1
         ts += 20_000_000
     return events[:n]
+
+
+PAGE_MAP_EVERY = 4
+GPU_EVENTS_PER_STEP = 5 + 1 / PAGE_MAP_EVERY
+
+
+def page_maps(num_pages: int, variants: int = 8, seed: int = 1) -> list[np.ndarray]:
+    """Owner arrays as a long-running engine leaves them: ~250 running requests holding
+    runs of pages scattered by LIFO reuse, cached and free runs between them."""
+    rng = np.random.default_rng(seed)
+    maps = []
+    for v in range(variants):
+        owners = np.empty(num_pages, dtype=np.int32)
+        lengths = rng.integers(1, 33, size=num_pages // 8)
+        kinds = rng.choice(
+            np.array([PAGE_FREE, PAGE_CACHED, 0]), size=len(lengths), p=[0.1, 0.2, 0.7]
+        )
+        rids = np.where(kinds == 0, 1000 * v + rng.integers(0, 250, size=len(lengths)), kinds)
+        owners[:] = np.repeat(rids, lengths)[:num_pages]
+        maps.append(owners)
+    return maps
+
+
+def gpu_scale_mix(n: int, start_ns: int, num_pages: int, step_ns: int) -> list[Event]:
+    maps = page_maps(num_pages)  # shared by reference, as memory allows
+    events: list[Event] = []
+    step = 0
+    while len(events) < n:
+        ts = start_ns + step * step_ns
+        events.append(PagesAllocated(ts, step, step % 256, (step % num_pages,)))
+        events.append(KernelTiming(ts, step, "prefill", "[512,32,128] layers=32", 4e-4, 1e12, 1e9))
+        events.append(
+            KernelTiming(ts, step, "paged_decode", "[128,32,128] layers=32", 3e-4, 1e9, 2e9)
+        )
+        if step % PAGE_MAP_EVERY == 0:
+            events.append(PageMap(ts, step, maps[step // PAGE_MAP_EVERY % len(maps)]))
+        events.append(PagesFreed(ts, step, (step - 1) % 256, ((step - 1) % num_pages,)))
+        used = int(num_pages * 0.9)
+        events.append(
+            StepSummary(
+                ts,
+                step,
+                128,
+                512,
+                127,
+                128,
+                4,
+                num_pages,
+                used,
+                num_pages // 5,
+                num_pages - used,
+                16,
+                used * 15,
+                0,
+                step_ns / 1e9,
+            )
+        )
+        step += 1
+    return events[:n]
+
+
+def page_map_blob(num_pages: int) -> tuple[int, int]:
+    """(raw, stored) bytes of one page map, through the recorder's own conversion."""
+    owners = page_maps(num_pages, variants=1)[0]
+    blob = to_batch([PageMap(0, 0, owners)]).page_maps[0][-1]
+    return owners.nbytes, len(blob)
 
 
 def _recorder(db_dir: Path, name: str, **kwargs) -> Recorder:
@@ -99,12 +185,16 @@ def paced(db_dir: Path, name: str, make, rate: float, seconds: float) -> dict:
         deepest = max(deepest, rec.queued)
         time.sleep(max(0.0, t0 + (i + slice_n) / rate - time.perf_counter()))
     elapsed = time.perf_counter() - t0
+    t1 = time.perf_counter()
     rec.finish()
+    size = sum(p.stat().st_size for p in db_dir.glob(f"paced-{name}.db*"))
     return {
         "events": len(events),
         "achieved_rate": len(events) / elapsed,
         "dropped": rec.dropped_events,
         "deepest_queue": deepest,
+        "drain_s": time.perf_counter() - t1,  # writer lag behind the last event
+        "db_mb_per_s": size / elapsed / 1e6,
     }
 
 
@@ -118,13 +208,29 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="bursts per mix (default 3)")
     parser.add_argument("--seconds", type=float, default=3.0, help="paced duration (default 3 s)")
+    parser.add_argument(
+        "--steps-per-s", type=float, default=1000, help="GPU-scale mix pace (default 1,000)"
+    )
+    parser.add_argument(
+        "--pages", type=int, default=100_000, help="GPU-scale pool size (default 100k)"
+    )
     parser.add_argument("--db-dir", type=Path, help="where the databases go (default a temp dir)")
     args = parser.parse_args()
+    gpu = functools.partial(
+        gpu_scale_mix, num_pages=args.pages, step_ns=int(1e9 / args.steps_per_s)
+    )
+    gpu_rate = args.steps_per_s * GPU_EVENTS_PER_STEP
     with tempfile.TemporaryDirectory() as tmp:
         db_dir = args.db_dir or Path(tmp)
-        for name, make in (("synthetic", synthetic_mix), ("kernels", kernel_mix)):
+        # The GPU-scale burst is the paced run's events (page maps make big databases).
+        mixes = (
+            ("synthetic", synthetic_mix, args.pace, args.events),
+            ("kernels", kernel_mix, args.pace, args.events),
+            ("gpu-scale", gpu, gpu_rate, int(gpu_rate * args.seconds)),
+        )
+        for name, make, rate, n in mixes:
             runs = sorted(
-                (burst(db_dir, name, make, args.events) for _ in range(args.repeats)),
+                (burst(db_dir, name, make, n) for _ in range(args.repeats)),
                 key=lambda b: b["events_per_s"],
             )
             b = runs[-1]
@@ -134,11 +240,20 @@ def main() -> None:
                 f"(emit {b['emit_us_per_event']:.2f} us/event, {b['bytes_per_event']:.0f} B/event, "
                 f"dropped {sum(r['dropped'] for r in runs)})"
             )
-            p = paced(db_dir, name, make, args.pace, args.seconds)
+            p = paced(db_dir, name, make, rate, args.seconds)
             print(
                 f"paced  {name:<9} {p['events']:>8} events at {p['achieved_rate']:>9,.0f} events/s: "
-                f"dropped {p['dropped']}, deepest queue {p['deepest_queue']}"
+                f"dropped {p['dropped']}, deepest queue {p['deepest_queue']}, "
+                f"drained {p['drain_s']:.2f} s after the last event, "
+                f"database {p['db_mb_per_s']:.1f} MB per second of run"
             )
+        raw, stored = page_map_blob(args.pages)
+        print(
+            f"gpu-scale: {args.steps_per_s:,.0f} steps/s x {GPU_EVENTS_PER_STEP} events/step, "
+            f"page map of {args.pages:,} pages every {PAGE_MAP_EVERY} steps: "
+            f"{raw / 1e3:,.0f} kB raw, {stored / 1e3:,.0f} kB stored "
+            f"({stored * args.steps_per_s / PAGE_MAP_EVERY / 1e6:,.1f} MB/s of page maps)"
+        )
 
 
 if __name__ == "__main__":

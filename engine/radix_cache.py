@@ -94,7 +94,10 @@ class RadixCache(PrefixCache):
         self.host_pages = 0
         self.work = CacheWork()
         self._by_page: dict[int, Node] = {}  # every device page the cache holds
-        self._cache_only: set[int] = set()  # of those, the pages no request holds
+        # Of those, the pages no request holds: a flag per page (bytearray indexing is
+        # as cheap as a set's, and numpy reads it without a copy for page maps).
+        self._cache_only = bytearray(pool.num_pages)
+        self._num_cached_only = 0
         self._evictable: set[Node] = set()  # cache-only nodes with no child on the device
         self._heap: list[tuple[tuple[int, ...], int, Node]] = []
         self._evicted: set[int] = set()
@@ -117,7 +120,7 @@ class RadixCache(PrefixCache):
 
     @property
     def num_cached_only(self) -> int:
-        return len(self._cache_only)
+        return self._num_cached_only
 
     # --- the evictable set and its heap ------------------------------------------------
 
@@ -126,11 +129,11 @@ class RadixCache(PrefixCache):
         if node is self.root or node.page is None:
             return
         if self.pool.refcount[node.page] != 1:
-            self._cache_only.discard(node.page)
+            self._set_cache_only(node.page, 0)
             self._evictable.discard(node)
             node.queued = None
             return
-        self._cache_only.add(node.page)
+        self._set_cache_only(node.page, 1)
         if node.device_children:
             self._evictable.discard(node)
             node.queued = None
@@ -143,6 +146,11 @@ class RadixCache(PrefixCache):
             self.work.heap += 1
             if len(self._heap) > 2 * len(self._evictable) + 64:
                 self._rebuild_heap()  # stale entries outnumber live ones: amortised O(1)
+
+    def _set_cache_only(self, page: int, flag: int) -> None:
+        if self._cache_only[page] != flag:
+            self._cache_only[page] = flag
+            self._num_cached_only += 1 if flag else -1
 
     def _rebuild_heap(self) -> None:
         for node in self._evictable:
@@ -163,7 +171,7 @@ class RadixCache(PrefixCache):
         """``node`` gives up its device page (the caller drops the reference); returns it."""
         page = node.page
         del self._by_page[page]
-        self._cache_only.discard(page)
+        self._set_cache_only(page, 0)
         self._evictable.discard(node)
         node.page, node.queued = None, None
         node.parent.device_children -= 1
@@ -320,7 +328,7 @@ class RadixCache(PrefixCache):
     # --- introspection ---------------------------------------------------------------
 
     def cached_only_pages(self) -> np.ndarray:
-        return np.fromiter(self._cache_only, dtype=np.int64, count=len(self._cache_only))
+        return np.flatnonzero(np.frombuffer(self._cache_only, dtype=np.uint8))
 
     def device_pages_held(self) -> np.ndarray:
         return np.fromiter(self._by_page, dtype=np.int64, count=len(self._by_page))
@@ -361,9 +369,9 @@ class RadixCache(PrefixCache):
             if n.on_device:
                 assert refcount[n.page] >= 1, f"cached page {n.page} has no reference"
                 assert n.parent is self.root or n.parent.on_device, "device page under a host page"
-        assert self._cache_only == {n.page for n in device if refcount[n.page] == 1}, (
-            "cache-only set drifted"
-        )
+        only = sorted(n.page for n in device if refcount[n.page] == 1)
+        assert self.cached_only_pages().tolist() == only, "cache-only set drifted"
+        assert self._num_cached_only == len(only), "cache-only count drifted"
         evictable = {n for n in device if refcount[n.page] == 1 and not n.device_children}
         assert self._evictable == evictable, "evictable set drifted"
         live = [(prio, n) for prio, stamp, n in self._heap if n in evictable and n.stamp == stamp]

@@ -9,12 +9,15 @@ step does work that grows with the pool or the tree: each step's counts equal
 those of the same run on a 1,000-page pool filled the same way, while the old
 whole-tree walk would visit 100,000 nodes per eviction. Two counters sit
 outside the cache, so a walk added later cannot hide from them: reads of the
-pool's reference counts and calls of the eviction policy.
+pool's reference counts and calls of the eviction policy. The recorder bounds
+its queue of 100,000-page maps by bytes and stores them compressed.
 """
 
 from __future__ import annotations
 
 import random
+import sqlite3
+import zlib
 
 import numpy as np
 import pytest
@@ -22,6 +25,7 @@ import pytest
 from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE, EventBus, PageMap, StepSummary
 from engine.eviction import LRU
 from engine.sampler import SamplingParams
+from profiler.recorder import Recorder
 from tests.test_scheduler import run_all, tiny_engine
 
 PAGE = 4
@@ -174,3 +178,28 @@ def test_page_maps_and_step_summaries_agree_at_scale(big_run):
             summary.pages_free
         )
     assert any(np.count_nonzero(m.owners == PAGE_EVICTED) for m in maps)
+
+
+def test_recorder_bounds_queued_page_maps_by_bytes_and_stores_them_compressed(tmp_path):
+    maps = [np.full(100_000, PAGE_FREE, dtype=np.int32) for _ in range(5)]
+    for i, owners in enumerate(maps):
+        owners[: 20_000 * i] = np.arange(20_000 * i) // 64  # requests of 64 pages
+        owners[20_000 * i : 20_000 * i + 5_000] = PAGE_CACHED
+    path = tmp_path / "scale.db"
+    rec = Recorder(path, {}, "tiny", hardware={}, versions={}, max_queue_bytes=3 * 400_000)
+    for step, owners in enumerate(maps):  # no writer thread yet: everything stays queued
+        rec.on_event(PageMap(step, step, owners))
+    assert rec.queued == 3 and rec.dropped_events == 2  # the byte budget holds three maps
+    assert rec.flush() == 3
+    rec.on_event(PageMap(9, 9, maps[4]))  # the flush gave the budget back
+    assert rec.queued == 1
+    rec.finish()
+    with sqlite3.connect(path) as db:
+        rows = db.execute(
+            "SELECT step, pages_cached, owners FROM page_maps ORDER BY step"
+        ).fetchall()
+    assert [r[0] for r in rows] == [0, 1, 2, 9]
+    for (_, cached, blob), owners in zip(rows, [*maps[:3], maps[4]], strict=True):
+        stored = np.frombuffer(zlib.decompress(blob), dtype="<i4")
+        assert np.array_equal(stored, owners) and cached == 5_000
+        assert len(blob) < owners.nbytes / 20
