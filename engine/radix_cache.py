@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -179,9 +179,10 @@ class RadixCache(PrefixCache):
 
     # --- lookups ---------------------------------------------------------------
 
-    def _blocks(self, tokens: list[int], limit: int) -> list[tuple[int, ...]]:
+    def _blocks(self, tokens: list[int], limit: int, start: int = 0) -> Iterator[tuple[int, ...]]:
+        """Page keys of ``tokens[:limit]`` from page ``start`` on, built as they are walked."""
         ps = self.page_size
-        return [tuple(tokens[i : i + ps]) for i in range(0, limit - limit % ps, ps)]
+        return (tuple(tokens[i : i + ps]) for i in range(start * ps, limit - limit % ps, ps))
 
     def match(self, tokens: list[int]) -> tuple[list[int], int]:
         limit = len(tokens) - 1
@@ -244,10 +245,8 @@ class RadixCache(PrefixCache):
             node, start_page = self.root, 0
         stored: list[int] = []
         tick = next(self._clock)
-        blocks = self._blocks(tokens, len(tokens))
-        for i in range(start_page, len(blocks)):
+        for i, key in enumerate(self._blocks(tokens, len(tokens), start_page), start_page):
             self.work.nodes += 1
-            key = blocks[i]
             child = node.children.get(key)
             if child is None:
                 child = Node(key=key, parent=node, created=tick)
