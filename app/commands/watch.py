@@ -57,7 +57,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="URL",
         help="a Prometheus /metrics URL to scrape (repeatable)",
     )
-    p.add_argument("--scrape-interval", type=float, default=1.0, metavar="S", help="seconds")
+    p.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between /metrics scrapes (default 1)",
+    )
     p.add_argument(
         "--server-info",
         action="append",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engine.errors import KvscopeError
 from profiler.watch.wire import (
@@ -130,3 +132,22 @@ def test_live_and_replay_frames() -> None:
         parse_live([b"a", b"b"])
     with pytest.raises(KvscopeError):
         parse_replay([b"", b"a", b"b", b"c", b"d"])
+
+
+@given(
+    hashes=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=8),
+    parent=st.none() | st.integers(0, 2**64 - 1),
+    dp_rank=st.none() | st.integers(0, 7),
+)
+def test_map_and_positional_shapes_decode_alike(hashes, parent, dp_rank) -> None:
+    as_map = decode_payload(msgpack.packb([1.0, [vllm_stored(hashes, parent)], dp_rank]))
+    positional = decode_payload(
+        msgpack.packb([1.0, [vllm_positional_stored(hashes, parent)], dp_rank])
+    )
+    (m,), (p,) = as_map.events, positional.events
+    assert m.block_hashes == p.block_hashes == [to_signed64(h) for h in hashes]
+    assert [to_unsigned64(h) for h in m.block_hashes] == hashes
+    assert all(-(2**63) <= h < 2**63 for h in m.block_hashes)
+    assert m.parent_block_hash == p.parent_block_hash
+    assert (m.block_size, m.medium) == (p.block_size, p.medium)
+    assert as_map.dp_rank == positional.dp_rank == dp_rank
