@@ -2,10 +2,15 @@
 one request's trace, and exact lifecycle times.
 
 Output tokens and TPOT are recorded when a request finishes; while it runs,
-``request_progress`` derives them from its recorded events: after its first
-token a request gains one token per engine step, except in steps it spends
-preempted and in the non-final chunks of a recompute (its last chunk samples a
-token). The same figures at the step it finished equal the recorded ones.
+``request_progress`` derives them from its recorded events, at no recording
+cost: after its first token a request gains one token per engine step, except
+in the steps it spends preempted (from the preemption up to its resumption,
+whose step samples a token once the recompute fits in it) and in recompute
+chunks that stop short of its sequence (recorded while they cover the
+prompt). At the step a request finished the derived figures equal the
+recorded ones; a recompute longer than a step's token budget past the prompt
+is the one case it runs ahead, by the unrecorded chunks, until the request
+finishes.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from engine.events import (
     FirstToken,
     PagesAllocated,
     PagesFreed,
+    PrefixLookup,
     RequestArrived,
     RequestFinished,
     RequestPreempted,
@@ -96,21 +102,22 @@ def request_progress(
     first: dict[int, tuple[int, int]] = {}  # request -> (step, ts_ns) of its first token
     idle: Counter[int] = Counter()  # steps since its first token that made no token
     preempted_at: dict[int, int] = {}
+    target: dict[int, int] = {}  # tokens its latest admission had to compute up to
     for step, ts_ns, kind, rid, payload in rows:
-        if kind == FirstToken.kind:
+        values = json.loads(payload or "{}")
+        if kind == PrefixLookup.kind:
+            target[rid] = values["queried_tokens"]
+        elif kind == FirstToken.kind:
             first[rid] = (step, ts_ns)
         elif kind == RequestPreempted.kind:
             preempted_at[rid] = step
-        elif rid in first:
-            if kind == RequestResumed.kind:
-                since = max(preempted_at.pop(rid, step), first[rid][0] + 1)
-                idle[rid] += step - since
-                # A recompute's last chunk samples a token: its chunks cost one step less.
-                idle[rid] -= json.loads(payload or "{}").get("mode") == "recompute"
-            elif kind == ChunkScheduled.kind:
-                idle[rid] += 1
         elif kind == RequestResumed.kind:
-            preempted_at.pop(rid, None)
+            since = preempted_at.pop(rid, step)
+            if rid in first:
+                idle[rid] += step - max(since, first[rid][0] + 1)
+        elif kind == ChunkScheduled.kind and rid in first:
+            # A recompute chunk that stops short of the sequence samples nothing.
+            idle[rid] += values["start"] + values["tokens"] < target.get(rid, 0)
     progress = {}
     for rid, (first_step, first_ns) in first.items():
         if rid in preempted_at:  # still preempted: no token since
@@ -121,7 +128,13 @@ def request_progress(
     return progress
 
 
-_PROGRESS_KINDS = (FirstToken.kind, RequestPreempted.kind, RequestResumed.kind, ChunkScheduled.kind)
+_PROGRESS_KINDS = (
+    PrefixLookup.kind,
+    FirstToken.kind,
+    RequestPreempted.kind,
+    RequestResumed.kind,
+    ChunkScheduled.kind,
+)
 
 
 def _status(rejected: str | None, finished: int | None, scheduled: int | None) -> str:
