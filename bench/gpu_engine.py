@@ -43,6 +43,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -65,6 +66,7 @@ from engine.events import (  # noqa: E402
     RequestPreempted,
     StepSummary,
 )
+from engine.memory_budget import predicted_kv_bytes  # noqa: E402
 from engine.presets import model_preset  # noqa: E402
 from engine.sampler import SamplingParams  # noqa: E402
 
@@ -278,6 +280,14 @@ def correctness(report: Report, device: str, smoke: bool, workdir: Path) -> dict
 # --- 2. throughput ----------------------------------------------------------------------
 
 
+def dummy_engine(config: ModelConfig, engine_config: EngineConfig) -> Engine:
+    """An engine over dummy weights of ``config`` (any shape, not only a preset's)."""
+    loaded = load_dummy(config, engine_config.weights_dtype, engine_config.device)
+    engine = Engine(engine_config, loaded=loaded)
+    loaded.weights.clear()  # the engine holds its own converted copies
+    return engine
+
+
 def copy_bandwidth(device: str, nbytes: int) -> float:
     """Device-to-device copy, bytes read + written per second (the MBU denominator)."""
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
@@ -360,7 +370,7 @@ def throughput(report: Report, device: str, smoke: bool) -> dict:
         prefix_cache=False,
     )
     t0 = time.perf_counter()
-    engine = Engine(engine_config, loaded=load_dummy(config, "bf16", device))
+    engine = dummy_engine(config, engine_config)
     report.add(
         "throughput",
         f"kvscope {config.name} dummy bf16 start-up",
@@ -369,8 +379,6 @@ def throughput(report: Report, device: str, smoke: bool) -> dict:
     )
     budget = engine.budget
     measured_kv = budget.kv_bytes
-    from engine.memory_budget import predicted_kv_bytes
-
     predicted = predicted_kv_bytes(config, "bf16", budget)
     gib = 2**30
     for what, value in (
@@ -460,7 +468,7 @@ def recorded_run(report: Report, device: str, smoke: bool, out: Path) -> dict:
         max_num_seqs=16 if smoke else 128,
         page_map_every=4 if smoke else 16,
     )
-    engine = Engine(engine_config, loaded=load_dummy(config, "bf16", device))
+    engine = dummy_engine(config, engine_config)
     db = out / "gpu_engine.db"
     db.unlink(missing_ok=True)
     record = dataclasses.asdict(engine.config)
@@ -473,8 +481,6 @@ def recorded_run(report: Report, device: str, smoke: bool, out: Path) -> dict:
     recorder.start()
     sampler = GpuSampler(engine.bus, interval_s=0.25, current_step=lambda: engine.step_count)
     sampling = sampler.start()
-    import threading
-
     result = drive(engine, builtin("chat", requests, rate, seed=0), threading.Event())
     if sampling:
         sampler.stop()

@@ -8,13 +8,14 @@ steps. A bad request is refused with a ``RequestError`` (and a
 
 from __future__ import annotations
 
-import os
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
+from engine.dummy import load_dummy
 from engine.engine_config import EngineConfig
 from engine.errors import KvscopeError, RequestError
 from engine.events import (
@@ -22,6 +23,7 @@ from engine.events import (
     EventBus,
     FirstToken,
     KernelTiming,
+    MemoryBudgetMeasured,
     RequestArrived,
     RequestFinished,
     RequestPreempted,
@@ -37,6 +39,7 @@ from engine.infllm import InfLLMMemory
 from engine.kv_manager import KVCacheManager
 from engine.kv_storage import KVStorage
 from engine.loader import LoadedModel, load_model
+from engine.memory_budget import kv_budget_from_terms, measure_budget, predicted_kv_bytes
 from engine.model import DecoderModel
 from engine.presets import device_preset
 from engine.radix_cache import RadixCache
@@ -68,26 +71,6 @@ def resolve_attention_backend(config: EngineConfig) -> str:
         raise KvscopeError(str(exc)) from None
 
 
-def device_memory_bytes(device: str) -> int:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_properties(torch.device(device)).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def kv_budget(config: EngineConfig, weight_bytes: int) -> int:
-    """Bytes for KV pages: the explicit budget, or a fraction of device memory less weights and reserve."""
-    if config.kv_budget_bytes is not None:
-        return config.kv_budget_bytes
-    total = device_memory_bytes(config.device) * config.memory_fraction
-    budget = int(total - weight_bytes - config.reserve_bytes)
-    if budget <= 0:
-        raise KvscopeError(
-            f"no memory left for the KV cache: {total / 2**30:.2f} GiB x fraction minus "
-            f"{weight_bytes / 2**30:.2f} GiB weights and {config.reserve_bytes / 2**30:.2f} GiB reserve"
-        )
-    return budget
-
-
 class Engine:
     def __init__(
         self,
@@ -95,32 +78,64 @@ class Engine:
         bus: EventBus | None = None,
         loaded: LoadedModel | None = None,
     ) -> None:
-        self.config = config or EngineConfig()
+        self.config = config = config or EngineConfig()
+        self.device = config.device
         self.bus = bus or EventBus()
-        self.loaded = loaded or load_model(self.config.model)
-        self.codec = self.loaded.codec
-        mcfg = self.loaded.config
+        owned = loaded is None
+        if loaded is None:
+            loaded = (
+                load_dummy(config.model, config.weights_dtype, config.device)
+                if config.load_format == "dummy"
+                else load_model(config.model)
+            )
+        self.loaded = loaded
+        self.codec = loaded.codec
+        mcfg = loaded.config
         self.model_config = mcfg
-        self.model = DecoderModel(mcfg, self.loaded.weights, self.config.weights_dtype)
+        self.model = DecoderModel(mcfg, loaded.weights, config.weights_dtype, config.device)
+        if owned:
+            loaded.weights = {}  # the model holds its own (fused, converted) copies
         self.bytes_per_token = kv_bytes_per_token(
-            mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.config.kv_dtype
+            mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, config.kv_dtype
         )
-        self.kv_budget_bytes = kv_budget(self.config, self.model.weight_bytes)
-        page_bytes = self.bytes_per_token * self.config.page_size
+        self.budget = measure_budget(
+            self.model,
+            config.device,
+            config.memory_fraction,
+            config.max_batched_tokens,
+            config.max_num_seqs,
+        )
+        self.kv_budget_bytes = (
+            config.kv_budget_bytes
+            if config.kv_budget_bytes is not None
+            else kv_budget_from_terms(self.budget)
+        )
+        page_bytes = self.bytes_per_token * config.page_size
         num_pages = int(self.kv_budget_bytes // page_bytes)
         if num_pages < 2:
             raise KvscopeError(
                 f"KV budget of {self.kv_budget_bytes} bytes holds {num_pages} pages of {page_bytes:.0f} bytes; raise --kv-budget"
             )
         self.num_pages = num_pages
-        self.kv = KVCacheManager(num_pages, self.config.page_size, self.bus)
+        self.kv = KVCacheManager(num_pages, config.page_size, self.bus)
+        self.backend = resolve_attention_backend(config)
+        # CUDA graphs replay decode steps on CUDA with the Triton kernels (see cuda_graphs);
+        # InfLLM picks each layer's pages per step on the host, so it stays eager. Padded
+        # rows of a graph's batch bucket use one scratch page past the pool's pages.
+        use_graphs = (
+            config.device.startswith("cuda")
+            and config.attention_mode == "full"
+            and self.backend == "triton"
+            and not config.enforce_eager
+        )
         self.storage = KVStorage(
             mcfg.num_layers,
-            num_pages,
-            self.config.page_size,
+            num_pages + (1 if use_graphs else 0),
+            config.page_size,
             mcfg.num_kv_heads,
             mcfg.head_dim,
-            self.config.kv_dtype,
+            config.kv_dtype,
+            config.device,
         )
         # The offload cost model (per token, so the decision does not depend on p):
         # recompute 2P FLOPs at the device's compute vs reload the KV bytes over its host link.
@@ -148,9 +163,11 @@ class Engine:
                 should_offload=self._should_offload,
             )
         self.runner = ModelRunner(
-            self.model, self.storage, backend=resolve_attention_backend(self.config)
+            self.model, self.storage, self.backend, config.device, kernel_sink=self._on_kernel
         )
-        self.runner.kernel_sink = self._on_kernel
+        if use_graphs:
+            pages_per_seq = math.ceil(self.max_request_tokens / config.page_size)
+            self.runner.capture_decode_graphs(config.max_num_seqs, pages_per_seq, num_pages)
         if self.config.attention_mode == "infllm":
             self.kv.infllm = self.runner.infllm = InfLLMMemory(self.config, self.kv, self.storage)
         self.scheduler = Scheduler(self.config, self.kv)
@@ -232,6 +249,10 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, sample; returns outputs of requests that got tokens."""
         t0 = time.perf_counter()
+        if self.step_count == 0 and self.bus.active:
+            self._emit_memory_budget()
+        self.runner.step = self.step_count
+        self.runner.drain_timings()  # CUDA timings of earlier steps that have finished
         self.kv.set_step(self.step_count)
         batch = self.scheduler.schedule()
         emit = self.bus.active
@@ -284,6 +305,8 @@ class Engine:
                 len(batch.requests), prefill, batch.num_tokens - prefill, time.perf_counter() - t0
             )
         self.step_count += 1
+        if not self.scheduler.has_work():
+            self.runner.drain_timings(wait=True)  # idle now: report the last steps' timings
         return outputs
 
     def _append_token(self, req: Request, token: int) -> RequestOutput:
@@ -381,12 +404,31 @@ class Engine:
         )
 
     def _on_kernel(
-        self, name: str, shape: str, seconds: float, flops: float, nbytes: float
+        self, step: int, name: str, shape: str, seconds: float, flops: float, nbytes: float
     ) -> None:
         if self.bus.active:
-            self.bus.emit(
-                KernelTiming(now_ns(), self.step_count, name, shape, seconds, flops, nbytes)
+            self.bus.emit(KernelTiming(now_ns(), step, name, shape, seconds, flops, nbytes))
+
+    def _emit_memory_budget(self) -> None:
+        b = self.budget
+        self.bus.emit(
+            MemoryBudgetMeasured(
+                now_ns(),
+                self.step_count,
+                device=b.device,
+                device_bytes=b.device_bytes,
+                memory_fraction=b.memory_fraction,
+                weights_bytes=b.weights_bytes,
+                activation_bytes=b.activation_bytes,
+                overhead_bytes=b.overhead_bytes,
+                kv_bytes=self.storage.nbytes,
+                activations_measured=b.activations_measured,
+                overhead_measured=b.overhead_measured,
+                predicted_kv_bytes=predicted_kv_bytes(
+                    self.model_config, self.config.weights_dtype, b
+                ),
             )
+        )
 
     # --- convenience ----------------------------------------------------------
 
@@ -423,7 +465,7 @@ class Engine:
                 n = min(chunk, len(token_ids) - req.num_computed)
                 self.kv.grow(req, req.num_computed + n)
                 inputs = self.runner.prepare([req], [n])
-                rows = torch.arange(len(inputs.token_ids))
+                rows = torch.arange(len(inputs.token_ids), device=self.device)
                 logits = self.runner.execute_rows(inputs, rows)
                 parts.append(logits if reduce is None else reduce(logits))
                 req.num_computed += n

