@@ -34,7 +34,7 @@ VIEWPORT = {"width": 1440, "height": 900}
 # ceilings to draw against (SmolLM2-135M's fp32 KV bytes per token and params).
 DEMO_CONFIG = {
     "synthetic": True,
-    "device": "cpu",
+    "cost_device": "cpu",
     "kv_dtype": "fp32",
     "kv_bytes_per_token": 46080,
     "params": 134_515_008,

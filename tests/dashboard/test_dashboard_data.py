@@ -67,6 +67,34 @@ def test_device_peaks_prefer_the_measured_gpu(synthetic_db):
     hardware = {"peak_tflops": 989.0, "peak_gbps": 3350.0, "gpus": [{"name": "H100"}]}
     gpu = queries.device_peaks(dataclasses.replace(info, hardware=hardware))
     assert (gpu.tflops, gpu.gbps, gpu.source) == (989.0, 3350.0, "H100")
+    # Runs recorded before ``cost_device`` named the preset ``device``.
+    legacy = dataclasses.replace(info, config={"device": "h100-80"})
+    assert queries.device_peaks(legacy).source == "preset h100-80"
+    assert queries.device_peaks(dataclasses.replace(info, config={})).tflops is None
+
+
+def test_a_cpu_run_reads_against_the_cpu_preset_in_the_tui_and_the_dashboard(synthetic_db):
+    """One answer for %peak: the kernel stats (dashboard table, TUI panel) and the
+    roofline (dashboard) use the same peaks; the TUI caption names them."""
+    from app.tui.data import RunReader
+    from app.tui.panels import kernels_table
+
+    path, run_id, _ = synthetic_db
+    with queries.reader(path) as db:
+        info = run_info(db, run_id)
+        stats = queries.kernel_stats(db, run_id)
+    peaks = queries.device_peaks(info)
+    if not info.hardware.get("peak_tflops"):  # recorded without a GPU: the cost preset
+        assert peaks.source == "preset cpu"
+    for k in stats:
+        assert k.peak_tflops_frac == pytest.approx(k.tflops / peaks.tflops)
+        assert k.peak_gbps_frac == pytest.approx(k.gbps / peaks.gbps)
+    reader = RunReader(path)
+    assert reader.ready()
+    view = reader.view(run_id, None)
+    reader.close()
+    assert view.kernels == stats
+    assert f"({peaks.source})" in kernels_table(view).caption
 
 
 def test_request_trace_follows_the_request_events(synthetic_db):
