@@ -23,7 +23,7 @@ from profiler.watch.prom_text import parse
 from profiler.watch.session import WatchSession
 from profiler.watch.sources import expand_sources
 from profiler.watch.wire import BLOCK_REMOVED, BLOCK_STORED, decode_payload, parse_live
-from tests.watch.conftest import free_port, wait_until
+from tests.watch.watch_helpers import free_port, wait_until
 
 pytestmark = pytest.mark.vllm
 

@@ -1,34 +1,19 @@
-"""Fixtures for the watch tests: in-process publishers on loopback and a waiting helper."""
+"""Fixtures for the watch tests: in-process publishers on loopback, and a
+hand-built recording whose every derived figure is known."""
 
 from __future__ import annotations
 
-import socket
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from watch_helpers import A, B, C, D, E, S
 
 from db.store import open_db
 from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
 from db.watch_writer import WatchBatch, WatchWriter
 from db.writer import create_run
 from profiler.watch.publisher import EventPublisher
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    """Poll ``condition`` until it holds; fail the test if it never does."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not reached in time")
-        time.sleep(0.01)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -46,10 +31,6 @@ def publishers() -> Iterator[Callable[..., EventPublisher]]:
         pub.close()
 
 
-A, B, C, D, E = 11, -22, 2**63 - 1, -(2**63), 55  # signed, as stored
-S = 1_000_000_000  # ns per second
-
-
 def _event(source: int, seq: int, t_s: float, op: int, hashes=(), parent=None, medium="GPU"):
     text = None if op == OP_CLEARED else "[" + ",".join(map(str, hashes)) + "]"
     return (source, seq, int(t_s * S), op, text, parent, medium, 0, len(hashes))
@@ -57,7 +38,7 @@ def _event(source: int, seq: int, t_s: float, op: int, hashes=(), parent=None, m
 
 @pytest.fixture
 def recording(tmp_path: Path) -> tuple[Path, int]:
-    """A hand-built watch run whose every derived figure is known (see test_queries)."""
+    """A hand-built watch run whose every derived figure is known (see test_watch_queries)."""
     path = tmp_path / "w.db"
     db = open_db(path)
     run_id = create_run(

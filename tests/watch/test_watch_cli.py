@@ -12,10 +12,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from watch_helpers import free_port
+from watch_payloads import vllm_stored
 
 from app.cli import main
-from tests.watch.conftest import free_port
-from tests.watch.payloads import vllm_stored
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,11 +7,11 @@ import asyncio
 
 from rich.console import Console
 from textual.app import App, ComposeResult
+from watch_helpers import B
 
 from app.dashboard import watch_page
 from app.tui.watch_view import WatchView, render, snapshot
 from db import watch_queries as q
-from tests.watch.conftest import B
 
 
 def _text(renderable) -> str:

