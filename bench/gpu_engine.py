@@ -253,8 +253,8 @@ def correctness(report: Report, device: str, smoke: bool, workdir: Path) -> dict
         )
 
         # bf16 weights: teacher-forced top-1 agreement with the fp32 reference.
-        bf16 = Engine(
-            EngineConfig(model=str(folder), device=device, weights_dtype="bf16"),
+        bf16 = Engine(  # scoring runs eagerly: no graphs to capture
+            EngineConfig(model=str(folder), device=device, weights_dtype="bf16", enforce_eager=True)
         )
         agree = total = 0
         for p, ref in zip(prompts, reference, strict=True):
