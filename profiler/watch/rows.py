@@ -42,7 +42,9 @@ class SourceAttrs:
         )
 
 
-_encode = json.JSONEncoder(separators=(",", ":")).encode
+def _hashes_json(hashes: list[int]) -> str:
+    """A JSON array of ints (str of an int is its JSON), faster than json for short lists."""
+    return "[" + ",".join(map(str, hashes)) + "]"
 
 
 def _json_default(value: Any) -> Any:
@@ -69,7 +71,7 @@ def batch_rows(
             hashes = event.block_hashes
             medium = event.medium
             blocks.append(
-                (*head, OP_STORED, _encode(hashes), event.parent_block_hash, medium,
+                (*head, OP_STORED, _hashes_json(hashes), event.parent_block_hash, medium,
                  event.group_idx, len(hashes))
             )  # fmt: skip
             attrs.block_events += len(hashes)
@@ -84,7 +86,7 @@ def batch_rows(
         elif kind == BLOCK_REMOVED:
             hashes = event.block_hashes
             blocks.append(
-                (*head, OP_REMOVED, _encode(hashes), None, event.medium, event.group_idx,
+                (*head, OP_REMOVED, _hashes_json(hashes), None, event.medium, event.group_idx,
                  len(hashes))
             )  # fmt: skip
             attrs.block_events += len(hashes)

@@ -139,6 +139,11 @@ def _as_map(raw: Any) -> dict[str, Any]:
     raise KvscopeError(f"event is {type(raw).__name__}, expected a map or a tagged array")
 
 
+# Shared empties for the usual event, which has no unknown fields (never mutated).
+_NOTHING: dict[str, Any] = {}
+_NOTHING_LIST: list[int] = []
+
+
 def decode_event(raw: Any) -> KvEvent:
     """One event from its msgpack-decoded form (map or positional)."""
     fields = _as_map(raw)
@@ -148,19 +153,21 @@ def decode_event(raw: Any) -> KvEvent:
     known = KNOWN_FIELDS.get(kind)
     if known is None:
         return KvEvent(kind, unknown={k: v for k, v in fields.items() if k != "type"})
-    unknown = {k: fields[k] for k in fields.keys() - known} if fields.keys() - known else {}
+    extra = fields.keys() - known
+    unknown = {k: fields[k] for k in extra} if extra else _NOTHING
     if kind == ALL_BLOCKS_CLEARED:
         return KvEvent(kind, unknown=unknown)
-    parent = fields.get("parent_block_hash")
+    get = fields.get
+    parent = get("parent_block_hash")
     return KvEvent(
         kind,
-        _signed_list(fields.get("block_hashes", [])),
+        _signed_list(get("block_hashes", _NOTHING_LIST)),
         None if parent is None else to_signed64(parent),
-        fields.get("block_size"),
-        fields.get("medium"),
-        fields.get("group_idx"),
-        fields.get("lora_name"),
-        fields.get("kv_cache_spec_kind"),
+        get("block_size"),
+        get("medium"),
+        get("group_idx"),
+        get("lora_name"),
+        get("kv_cache_spec_kind"),
         unknown,
     )
 
