@@ -55,6 +55,11 @@ def number(value: float | None, digits: int = 2) -> str:
     return MISSING if value is None else f"{value:.{digits}f}"
 
 
+def peak(value: float | None) -> str:
+    """A device's peak, with the digits it was given (0.85 TFLOP/s, 3350 GB/s)."""
+    return MISSING if value is None else f"{value:g}"
+
+
 def spark(values: Sequence[float | None], width: int, top: float | None = None) -> str:
     """The last ``width`` values as a one-line bar chart (a missing value is a blank).
 

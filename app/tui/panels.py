@@ -180,8 +180,8 @@ def kernels_table(view: View) -> RenderableType:
     peaks = device_peaks(view.run)
     if peaks.tflops or peaks.gbps:
         caption = (
-            f"%peak: higher share of {fmt.number(peaks.tflops, 0)} TFLOP/s "
-            f"or {fmt.number(peaks.gbps, 0)} GB/s ({peaks.source})"
+            f"%peak: higher share of {fmt.peak(peaks.tflops)} TFLOP/s "
+            f"or {fmt.peak(peaks.gbps)} GB/s ({peaks.source})"
         )
     else:
         caption = "%peak: device peak unknown"
