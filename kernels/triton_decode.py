@@ -16,16 +16,24 @@ import triton
 import triton.language as tl
 
 from kernels.kv_quant import INT4_GROUP
+from kernels.launch_configs import (
+    DECODE_SPLIT_ALIGN,
+    check_head_dim,
+    decode_autotune,
+    length_class,
+    padded_head_dim,
+)
 from kernels.triton_kv import (
     FORMAT_CODES,
     dot_config,
-    interpreting,
     kernel_view,
+    key_scores,
     load_kv_tile,
     paged_kv_len,
     paged_rows,
     scale_views,
     softmax_accumulate,
+    tile_mask,
 )
 
 # A split shorter than this costs more in the merge than it gains in parallelism.
@@ -34,12 +42,13 @@ _MAX_SPLITS = 64
 
 
 @triton.jit
-def _split_length(kv_len, num_splits, BLOCK_N: tl.constexpr):
-    """Tokens per split, a whole number of tiles; both kernels must agree on it."""
-    return tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+def _split_length(kv_len, num_splits, SPLIT_ALIGN: tl.constexpr):
+    """Tokens per split, a whole number of tiles of any BLOCK_N; both kernels must agree on it."""
+    return tl.cdiv(tl.cdiv(kv_len, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
 
 
-@triton.jit
+@decode_autotune
+@triton.jit(do_not_specialize=["split_class"])
 def _decode_split_kernel(
     Q,
     K,
@@ -53,6 +62,7 @@ def _decode_split_kernel(
     L_part,
     qk_scale,
     num_splits,
+    split_class,
     s_qb,
     s_qh,
     s_kp,
@@ -72,6 +82,8 @@ def _decode_split_kernel(
     FORMAT: tl.constexpr,
     INT4_GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -80,20 +92,20 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     first_page, kv_len = paged_kv_len(kv_indptr, kv_last_page_len, req, PAGE_SIZE)
-    split_len = _split_length(kv_len, num_splits, BLOCK_N)
+    split_len = _split_length(kv_len, num_splits, SPLIT_ALIGN)
     start = split * split_len
     if start >= kv_len:
         return
     end = tl.minimum(start + split_len, kv_len)
 
     offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, HEAD_DIM)
-    head_ok = (offs_h < GROUP)[:, None]
+    offs_d = tl.arange(0, BLOCK_D)
+    head_ok = tile_mask(offs_h < GROUP, offs_d, HEAD_DIM, BLOCK_D)
     heads = kv_head * GROUP + offs_h
     q = tl.load(Q + req * s_qb + heads[:, None] * s_qh + offs_d[None, :], mask=head_ok, other=0)
     q = q.to(tl.float32).to(DOT_DTYPE)
 
-    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     for n0 in range(start, end, BLOCK_N):
@@ -103,10 +115,14 @@ def _decode_split_kernel(
             kv_indices, first_page, tok, in_seq, kv_head,
             s_kp, s_kt, s_kh, s_sp, s_st, s_sh, PAGE_SIZE,
         )  # fmt: skip
-        k = load_kv_tile(K, KS, rows, scale_rows, in_seq, FORMAT, HEAD_DIM, INT4_GROUP)
-        qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
+        qk = key_scores(
+            q, K, KS, rows, scale_rows, in_seq, qk_scale,
+            FORMAT, HEAD_DIM, BLOCK_D, INT4_GROUP, DOT_DTYPE, PRECISION,
+        )  # fmt: skip
         qk = tl.where(in_seq[None, :], qk, float("-inf"))
-        v = load_kv_tile(V, VS, rows, scale_rows, in_seq, FORMAT, HEAD_DIM, INT4_GROUP)
+        v = load_kv_tile(
+            V, VS, rows, scale_rows, in_seq, FORMAT, HEAD_DIM, BLOCK_D, INT4_GROUP, DOT_DTYPE, True
+        )
         acc, m_i, l_i = softmax_accumulate(acc, m_i, l_i, qk, v, DOT_DTYPE, PRECISION)
 
     # Every split holds at least one token, so l_i > 0.
@@ -133,23 +149,25 @@ def _decode_merge_kernel(
     s_outh,
     PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
     _, kv_len = paged_kv_len(kv_indptr, kv_last_page_len, req, PAGE_SIZE)
-    split_len = _split_length(kv_len, num_splits, BLOCK_N)
+    split_len = _split_length(kv_len, num_splits, SPLIT_ALIGN)
     offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
     # Splits past the end of a short sequence were never written.
     live = (offs_s < num_splits) & (offs_s * split_len < kv_len)
     lse = tl.load(L_part + req * s_lb + head * s_lh + offs_s, mask=live, other=float("-inf"))
     weight = tl.exp2(lse - tl.max(lse, 0))
     o_ptrs = O_part + req * s_ob + head * s_oh + offs_s[:, None] * s_os + offs_d[None, :]
-    parts = tl.load(o_ptrs, mask=live[:, None], other=0)
+    parts = tl.load(o_ptrs, mask=tile_mask(live, offs_d, HEAD_DIM, BLOCK_D), other=0)
     out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
-    tl.store(Out + req * s_outb + head * s_outh + offs_d, out.to(Out.dtype.element_ty))
+    out_ptrs = Out + req * s_outb + head * s_outh + offs_d
+    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 def _device_parallelism(device: torch.device) -> int:
@@ -184,8 +202,7 @@ def paged_decode_triton(
     """One new token per request attending over its paged K/V; returns ``[B, Hq, D]``."""
     batch, num_q_heads, head_dim = q.shape
     page_size, num_kv_heads = kv_pages.shape[2], kv_pages.shape[3]
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    check_head_dim(head_dim)
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} query heads do not group over {num_kv_heads} KV heads")
     if q.stride(-1) != 1 or kv_pages.stride(-1) != 1:
@@ -197,8 +214,7 @@ def paged_decode_triton(
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, max_kv_len, q.device)
     group = num_q_heads // num_kv_heads
-    block_n = 16 if interpreting() else 64
-    launch = {} if interpreting() else {"num_warps": 4, "num_stages": 2}
+    block_d = padded_head_dim(head_dim)
 
     pages = kernel_view(kv_pages)
     k_scales, v_scales, scale_strides = scale_views(pages, scales)
@@ -209,6 +225,7 @@ def paged_decode_triton(
         q, pages[:, 0], pages[:, 1], k_scales, v_scales,
         kv_indptr, kv_indices, kv_last_page_len, o_part, l_part,
         sm_scale * 1.4426950408889634, num_splits,
+        length_class(triton.cdiv(max_kv_len, num_splits)),
         q.stride(0), q.stride(1),
         pages.stride(0), pages.stride(2), pages.stride(3), *scale_strides,
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
@@ -219,10 +236,10 @@ def paged_decode_triton(
         FORMAT=FORMAT_CODES[kv_format],
         INT4_GROUP=INT4_GROUP,
         HEAD_DIM=head_dim,
-        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        SPLIT_ALIGN=DECODE_SPLIT_ALIGN,
         DOT_DTYPE=dot_dtype,
         PRECISION=precision,
-        **launch,
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_q_heads)](
         o_part, l_part, out, kv_indptr, kv_last_page_len, num_splits,
@@ -231,7 +248,8 @@ def paged_decode_triton(
         out.stride(0), out.stride(1),
         PAGE_SIZE=page_size,
         HEAD_DIM=head_dim,
-        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        SPLIT_ALIGN=DECODE_SPLIT_ALIGN,
         BLOCK_S=triton.next_power_of_2(num_splits),
     )  # fmt: skip
     return out

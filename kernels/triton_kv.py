@@ -60,6 +60,20 @@ def paged_rows(
 
 
 @triton.jit
+def tile_mask(rows_ok, offs, LIMIT: tl.constexpr, BLOCK: tl.constexpr):
+    """Mask of a ``[rows, BLOCK]`` tile whose columns past ``LIMIT`` are padding.
+
+    Head dims that are not a power of two run in a tile padded to the next
+    one (as FlashAttention does); a power of two keeps the row mask alone.
+    """
+    if LIMIT == BLOCK:
+        mask = rows_ok[:, None]
+    else:
+        mask = rows_ok[:, None] & (offs < LIMIT)[None, :]
+    return mask
+
+
+@triton.jit
 def load_kv_tile(
     ptr,
     scale_ptr,
@@ -68,45 +82,98 @@ def load_kv_tile(
     in_seq,
     FORMAT: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     INT4_GROUP: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
-    """A ``[BLOCK_N, HEAD_DIM]`` tile of the head vectors starting at ``rows``.
+    """A ``[BLOCK_N, BLOCK_D]`` tile of the head vectors starting at ``rows``, in ``DOT_DTYPE``.
 
-    Float formats come back in their stored dtype (the caller casts once, to
-    its dot dtype); the others come back dequantized in fp32. Tokens outside
-    ``in_seq`` read as zeros, so they add nothing through V.
+    Tokens outside ``in_seq`` and columns past ``HEAD_DIM`` read as zeros, so
+    they add nothing to a dot product. fp8 converts straight to the dot dtype
+    (every fp8 value is exact in fp16, bf16 and fp32: one conversion, not two).
+    int8 without ``SCALED`` comes back as its integer codes (exact in every
+    dot dtype) for the caller to scale the dot product instead of each element.
     """
     if FORMAT == 4:
         # Whole bytes load as contiguous vectors; nibbles are split and
         # interleaved back in registers (element 2j low, 2j+1 high).
-        offs_b = tl.arange(0, HEAD_DIM // 2)
-        packed = tl.load(ptr + rows[:, None] + offs_b[None, :], mask=in_seq[:, None], other=0)
+        offs_b = tl.arange(0, BLOCK_D // 2)
+        byte_mask = tile_mask(in_seq, offs_b, HEAD_DIM // 2, BLOCK_D // 2)
+        packed = tl.load(ptr + rows[:, None] + offs_b[None, :], mask=byte_mask, other=0)
         packed = packed.to(tl.int32)
         nibbles = tl.join(packed & 0xF, packed >> 4).to(tl.float32)
-        groups = tl.reshape(nibbles, (rows.shape[0], HEAD_DIM // INT4_GROUP, INT4_GROUP))
-        offs_g = 2 * tl.arange(0, HEAD_DIM // INT4_GROUP)
-        scale_at = scale_ptr + scale_rows[:, None] + offs_g[None, :]
-        scale = tl.load(scale_at, mask=in_seq[:, None], other=0).to(tl.float32)
-        low = tl.load(scale_at + 1, mask=in_seq[:, None], other=0).to(tl.float32)
+        groups = tl.reshape(nibbles, (rows.shape[0], BLOCK_D // INT4_GROUP, INT4_GROUP))
+        # Each group's (scale, minimum) pair is contiguous: one load, split in registers.
+        offs_g = tl.arange(0, BLOCK_D // INT4_GROUP)
+        group_mask = tile_mask(in_seq, offs_g, HEAD_DIM // INT4_GROUP, BLOCK_D // INT4_GROUP)
+        pair_at = (
+            scale_ptr
+            + scale_rows[:, None, None]
+            + 2 * offs_g[None, :, None]
+            + tl.arange(0, 2)[None, None, :]
+        )
+        pair = tl.load(pair_at, mask=group_mask[:, :, None], other=0).to(tl.float32)
+        scale, low = tl.split(pair)
         groups = groups * scale[:, :, None] + low[:, :, None]
-        x = tl.reshape(groups, (rows.shape[0], HEAD_DIM))
+        x = tl.reshape(groups, (rows.shape[0], BLOCK_D)).to(DOT_DTYPE)
     else:
-        offs_d = tl.arange(0, HEAD_DIM)
-        x = tl.load(ptr + rows[:, None] + offs_d[None, :], mask=in_seq[:, None], other=0)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask = tile_mask(in_seq, offs_d, HEAD_DIM, BLOCK_D)
+        x = tl.load(ptr + rows[:, None] + offs_d[None, :], mask=mask, other=0)
+        if FORMAT == 0:
+            x = x.to(DOT_DTYPE)
         if FORMAT == 1:
-            x = x.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            x = x.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
         if FORMAT == 2:
-            x = x.to(tl.float8e5, bitcast=True).to(tl.float32)
+            x = x.to(tl.float8e5, bitcast=True).to(DOT_DTYPE)
         if FORMAT == 3:
-            scale = tl.load(scale_ptr + scale_rows, mask=in_seq, other=0).to(tl.float32)
-            x = x.to(tl.float32) * scale[:, None]
+            if SCALED:
+                scale = tl.load(scale_ptr + scale_rows, mask=in_seq, other=0).to(tl.float32)
+                x = (x.to(tl.float32) * scale[:, None]).to(DOT_DTYPE)
+            else:
+                x = x.to(DOT_DTYPE)
     # One return: the compiler types every return statement, constexpr branches or not.
     return x
 
 
 @triton.jit
+def key_scores(
+    q,
+    K,
+    KS,
+    rows,
+    scale_rows,
+    in_seq,
+    qk_scale,
+    FORMAT: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    INT4_GROUP: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Base-2 scores ``q k^T * qk_scale`` of one key tile, ``[M, BLOCK_N]`` fp32.
+
+    int8 keys enter the dot as integer codes and their per-token scale
+    multiplies the scores: q . (s k) = s (q . k), BLOCK_N multiplies per tile
+    instead of BLOCK_N x BLOCK_D, and no rounding of s k to the dot dtype.
+    """
+    k = load_kv_tile(
+        K, KS, rows, scale_rows, in_seq, FORMAT, HEAD_DIM, BLOCK_D, INT4_GROUP, DOT_DTYPE, False
+    )
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    if FORMAT == 3:
+        k_scale = tl.load(KS + scale_rows, mask=in_seq, other=0).to(tl.float32)
+        qk = qk * (k_scale * qk_scale)[None, :]
+    else:
+        qk = qk * qk_scale
+    return qk
+
+
+@triton.jit
 def softmax_accumulate(acc, m_i, l_i, qk, v, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
-    """Fold one tile of base-2 scores ``qk [M, N]`` and values ``v [N, D]`` in.
+    """Fold one tile of base-2 scores ``qk [M, N]`` and values ``v [N, D]`` (dot dtype) in.
 
     ``m_i`` starts finite (not -inf) so a fully masked row keeps alpha = 1 and
     p = 0 instead of computing inf - inf.
@@ -115,7 +182,7 @@ def softmax_accumulate(acc, m_i, l_i, qk, v, DOT_DTYPE: tl.constexpr, PRECISION:
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
     return acc, m_new, l_i
 
 

@@ -18,16 +18,18 @@ import triton
 import triton.language as tl
 
 from kernels.kv_quant import INT4_GROUP
+from kernels.launch_configs import check_head_dim, length_class, padded_head_dim, prefill_autotune
 from kernels.triton_kv import (
     FORMAT_CODES,
     dot_config,
-    interpreting,
     kernel_view,
+    key_scores,
     load_kv_tile,
     paged_kv_len,
     paged_rows,
     scale_views,
     softmax_accumulate,
+    tile_mask,
 )
 
 
@@ -62,6 +64,7 @@ def _attend_range(
     PAGE_SIZE: tl.constexpr,
     FORMAT: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     INT4_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
@@ -78,19 +81,24 @@ def _attend_range(
         else:
             rows = (k_start + tok).to(tl.int64) * s_kt + kv_head * s_kh
             scale_rows = rows
-        k = load_kv_tile(K, KS, rows, scale_rows, in_seq, FORMAT, HEAD_DIM, INT4_GROUP)
-        qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
+        qk = key_scores(
+            q, K, KS, rows, scale_rows, in_seq, qk_scale,
+            FORMAT, HEAD_DIM, BLOCK_D, INT4_GROUP, DOT_DTYPE, PRECISION,
+        )  # fmt: skip
         if MASKED:
             visible = in_seq[None, :]
             if CAUSAL:
                 visible = visible & (tok[None, :] <= q_pos[:, None])
             qk = tl.where(visible, qk, float("-inf"))
-        v = load_kv_tile(V, VS, rows, scale_rows, in_seq, FORMAT, HEAD_DIM, INT4_GROUP)
+        v = load_kv_tile(
+            V, VS, rows, scale_rows, in_seq, FORMAT, HEAD_DIM, BLOCK_D, INT4_GROUP, DOT_DTYPE, True
+        )
         acc, m_i, l_i = softmax_accumulate(acc, m_i, l_i, qk, v, DOT_DTYPE, PRECISION)
     return acc, m_i, l_i
 
 
-@triton.jit
+@prefill_autotune
+@triton.jit(do_not_specialize=["q_class"])
 def _prefill_kernel(
     Q,
     K,
@@ -104,6 +112,7 @@ def _prefill_kernel(
     kv_indices,
     kv_last_page_len,
     qk_scale,
+    q_class,
     s_qt,
     s_qh,
     s_ot,
@@ -121,6 +130,7 @@ def _prefill_kernel(
     FORMAT: tl.constexpr,
     INT4_GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
@@ -144,9 +154,9 @@ def _prefill_kernel(
     kv_head = head // GROUP
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
     q_rows = (q_start + offs_m).to(tl.int64)
-    q_mask = (offs_m < q_len)[:, None]
+    q_mask = tile_mask(offs_m < q_len, offs_d, HEAD_DIM, BLOCK_D)
     q = tl.load(Q + q_rows[:, None] * s_qt + head * s_qh + offs_d[None, :], mask=q_mask, other=0)
     q = q.to(tl.float32).to(DOT_DTYPE)
     # Query i sits at position kv_len - q_len + i of its sequence.
@@ -160,18 +170,20 @@ def _prefill_kernel(
         lo = kv_len // BLOCK_N * BLOCK_N
         hi = kv_len
 
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_range(
         acc, m_i, l_i, q, q_pos, K, V, KS, VS, kv_indices, first_page, k_start, kv_len,
         kv_head, 0, lo, qk_scale, s_kp, s_kt, s_kh, s_sp, s_st, s_sh,
-        False, CAUSAL, PAGED, PAGE_SIZE, FORMAT, HEAD_DIM, INT4_GROUP, BLOCK_N, DOT_DTYPE, PRECISION,
+        False, CAUSAL, PAGED, PAGE_SIZE, FORMAT, HEAD_DIM, BLOCK_D, INT4_GROUP, BLOCK_N, DOT_DTYPE,
+        PRECISION,
     )  # fmt: skip
     acc, m_i, l_i = _attend_range(
         acc, m_i, l_i, q, q_pos, K, V, KS, VS, kv_indices, first_page, k_start, kv_len,
         kv_head, lo, hi, qk_scale, s_kp, s_kt, s_kh, s_sp, s_st, s_sh,
-        True, CAUSAL, PAGED, PAGE_SIZE, FORMAT, HEAD_DIM, INT4_GROUP, BLOCK_N, DOT_DTYPE, PRECISION,
+        True, CAUSAL, PAGED, PAGE_SIZE, FORMAT, HEAD_DIM, BLOCK_D, INT4_GROUP, BLOCK_N, DOT_DTYPE,
+        PRECISION,
     )  # fmt: skip
     # A query with no visible key (causal, fewer keys than queries) outputs zeros.
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -179,19 +191,8 @@ def _prefill_kernel(
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=q_mask)
 
 
-def _launch_config(head_dim: int) -> dict[str, int]:
-    if interpreting():
-        # Small tiles keep the interpreter quick and make tests cross tile edges.
-        return {"BLOCK_M": 16, "BLOCK_N": 16}
-    if head_dim <= 64:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-
-
 def _check(q: torch.Tensor, num_kv_heads: int, out: torch.Tensor | None) -> torch.Tensor:
-    head_dim = q.shape[-1]
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    check_head_dim(q.shape[-1])
     if q.shape[1] % num_kv_heads:
         raise ValueError(f"{q.shape[1]} query heads do not group over {num_kv_heads} KV heads")
     if q.stride(-1) != 1:
@@ -224,12 +225,14 @@ def _launch(
 ) -> torch.Tensor:
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[-2]
-    config = _launch_config(head_dim)
     dot_dtype, precision = dot_config(q.dtype)
-    grid = (triton.cdiv(max_seqlen_q, config["BLOCK_M"]), num_q_heads, cu_seqlens_q.numel() - 1)
+
+    def grid(config: dict) -> tuple[int, int, int]:
+        return triton.cdiv(max_seqlen_q, config["BLOCK_M"]), num_q_heads, cu_seqlens_q.numel() - 1
+
     _prefill_kernel[grid](
         q, k, v, k_scales, v_scales, out, cu_seqlens_q, *index_args,
-        sm_scale * 1.4426950408889634,
+        sm_scale * 1.4426950408889634, length_class(max_seqlen_q),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *kv_strides, *scale_strides,
         GROUP=num_q_heads // num_kv_heads,
@@ -239,9 +242,9 @@ def _launch(
         FORMAT=FORMAT_CODES[kv_format],
         INT4_GROUP=INT4_GROUP,
         HEAD_DIM=head_dim,
+        BLOCK_D=padded_head_dim(head_dim),
         DOT_DTYPE=dot_dtype,
         PRECISION=precision,
-        **config,
     )  # fmt: skip
     return out
 
