@@ -83,7 +83,7 @@ def _config_record(args: argparse.Namespace, engine) -> dict:
     record = dataclasses.asdict(engine.config)
     record.update(
         workload=args.workload, requests=args.requests, rate=args.rate, seed=args.seed,
-        device=engine.config.cost_device, kv_bytes_per_token=engine.bytes_per_token,
+        kv_bytes_per_token=engine.bytes_per_token,
         params=engine.model_config.num_params, pages=engine.num_pages,
         kv_budget_sized_to_workload=args.kv_budget_sized,
     )  # fmt: skip
