@@ -9,11 +9,12 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from watch_helpers import free_port
-from watch_payloads import vllm_stored
+from watch_payloads import sglang_stored, vllm_stored
 
 from app.cli import main
 
@@ -94,4 +95,58 @@ def test_listen_on_a_busy_port_is_one_line(tmp_path: Path, publishers, capsys) -
     assert err.startswith(f"kvscope: error: cannot listen on {busy}") and err.count("\n") == 1
     conn = sqlite3.connect(tmp_path / "w.db")
     assert conn.execute("SELECT status FROM runs").fetchall() == [("failed",)]
+    conn.close()
+
+
+def test_sglang_server_info_discovery_end_to_end(tmp_path: Path, publishers, capsys) -> None:
+    pub = publishers("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+    port = int(pub.endpoint.rsplit(":", 1)[1])
+    replay_port = int(pub.replay_endpoint.rsplit(":", 1)[1])
+    info = {
+        "model_path": "m",
+        "kv_events": {
+            "endpoint_host": "*",
+            "endpoint_port_base": port,
+            "topic": "",
+            "block_size": 4,
+            "dp_size": 1,
+            "replay_endpoint_port_base": replay_port,
+        },
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps(info).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def engine() -> None:
+        pub.wait_for_subscribers()
+        pub.publish([sglang_stored([-5, 6])])
+
+    thread = threading.Thread(target=engine)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/server_info"
+    db = tmp_path / "w.db"
+    try:
+        code = main(["watch", str(db), "--engine", "sglang", "--server-info", url,
+                     "--duration", "1.5", "--json"])  # fmt: skip
+    finally:
+        thread.join()
+        server.shutdown()
+        server.server_close()
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (summary["batches"], summary["block_events"]) == (1, 2)
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT engine, endpoint, replay FROM watch_sources").fetchall() == [
+        ("sglang", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}")
+    ]
     conn.close()

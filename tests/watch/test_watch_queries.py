@@ -6,6 +6,8 @@ from watch_helpers import A, B, C
 
 from db import watch_queries as q
 from db.store import open_db
+from db.watch_writer import WatchBatch, WatchWriter
+from db.writer import create_run
 
 
 def test_block_stats(recording) -> None:
@@ -74,3 +76,34 @@ def test_counter_rates_survive_resets() -> None:
         (1.0, 0.5),
         (3.0, 25 / 30),
     ]
+
+
+def test_sglang_hit_rate_sums_cache_sources_over_prompt_tokens(tmp_path) -> None:
+    db = open_db(tmp_path / "s.db")
+    run_id = create_run(
+        db,
+        kind="watch",
+        model=None,
+        config={},
+        hardware={},
+        versions={},
+        started_at=0.0,
+        start_ns=0,
+    )
+    rows = []
+    for n in range(4):
+        ts = n * 1_000_000_000
+        rows += [
+            (0, ts, "sglang:prompt_tokens_total", 'model_name="m"', 100.0 * n),
+            (0, ts, "sglang:cached_tokens_total", 'cache_source="device",model_name="m"', 30.0 * n),
+            (0, ts, "sglang:cached_tokens_total", 'cache_source="host",model_name="m"', 10.0 * n),
+            (0, ts, "sglang:token_usage", 'model_name="m"', 0.5),
+            # The per-batch gauge kvscope must not use: it says 0.9 while counters say 0.4.
+            (0, ts, "sglang:cache_hit_rate", 'model_name="m"', 0.9),
+        ]
+    source = (0, "metrics", "sglang", "http://h/metrics", None, None, None, 0)
+    WatchWriter(db, run_id).write(WatchBatch(sources=[source], metrics=rows))
+    (series,) = q.engine_series(db, run_id)
+    db.conn.close()
+    assert series.usage_level == "tokens" and [p.value for p in series.usage] == [0.5] * 4
+    assert [round(p.value, 9) for p in series.hit_rate] == [0.4, 0.4, 0.4]
