@@ -6,7 +6,9 @@ of its GQA group together (padded to 16 rows for ``tl.dot``), so every K/V
 tile is read once per group instead of once per query head. Long contexts are
 cut into ``num_splits`` token ranges run in parallel; each writes a partial
 output and its log-sum-exp, and a second kernel merges them. Pages are read
-through the CSR page table and dequantized in registers.
+through the CSR page table and dequantized in registers. Head dims pad to a
+power-of-two tile as in prefill; the key tile length, warps and stages are
+autotuned per device (``kernels/launch_configs.py``).
 """
 
 from __future__ import annotations

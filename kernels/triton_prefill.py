@@ -9,6 +9,9 @@ cached prefix or a chunked prefill needs: with ``PAGED`` the kernel reads the
 whole sequence, cached prefix and new tokens alike, through the page table.
 Key tiles entirely below the diagonal run without masks; tiles above it are
 never visited. Several query heads share one KV head (GQA) by index only.
+A head dim that is not a power of two runs in tiles padded to the next one,
+the padding masked off on every load and store. Tile sizes, warps and stages
+are autotuned per device (``kernels/launch_configs.py``).
 """
 
 from __future__ import annotations
