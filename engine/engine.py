@@ -169,7 +169,9 @@ class Engine:
             pages_per_seq = math.ceil(self.max_request_tokens / config.page_size)
             self.runner.capture_decode_graphs(config.max_num_seqs, pages_per_seq, num_pages)
         if self.config.attention_mode == "infllm":
-            self.kv.infllm = self.runner.infllm = InfLLMMemory(self.config, self.kv, self.storage)
+            self.kv.infllm = self.runner.infllm = InfLLMMemory(
+                self.config, self.kv, self.storage, self.model.rope
+            )
         self.scheduler = Scheduler(self.config, self.kv)
         self.step_count = 0
         self._next_id = 0

@@ -37,6 +37,7 @@ import torch
 
 from engine.errors import KvscopeError
 from engine.events import InfLLMRetrieval, PagesAllocated, PagesFreed, now_ns
+from engine.model import RotaryTable, apply_rotary
 from kernels.metadata import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -115,7 +116,9 @@ class _StepTally:
 class InfLLMMemory:
     """Block memory, representative keys, retrieval and the retrieved-block caches of all requests."""
 
-    def __init__(self, config: EngineConfig, kv: KVCacheManager, storage: KVStorage) -> None:
+    def __init__(
+        self, config: EngineConfig, kv: KVCacheManager, storage: KVStorage, rope: RotaryTable
+    ) -> None:
         if kv.host is None:
             raise KvscopeError("infllm attention needs the host tier")
         self.kv = kv
@@ -128,6 +131,9 @@ class InfLLMMemory:
         self.topk = config.infllm_topk_blocks
         self.repr_tokens = min(config.infllm_repr_tokens, self.block_pages * ps)
         self.page_bytes = storage.nbytes // storage.data.shape[1]
+        self.rope = rope
+        # Retrieval scores every block at one fixed distance, the local window's (InfLLM).
+        self.score_position = self.local_pages * ps
         self.requests: dict[int, RequestMemory] = {}
         self._rows: list[_Row] = []
         self._tally: dict[int, _StepTally] = {}
@@ -181,7 +187,7 @@ class InfLLMMemory:
                 tables.append(row.initial + row.local)
                 continue
             changed = True
-            blocks = self._select(layer, mem, qr)
+            blocks = self._select(layer, mem, qr, row.kv_end)
             tally = self._tally.setdefault(row.req.request_id, _StepTally())
             tally.scored += mem.num_blocks
             retrieved = []
@@ -297,6 +303,9 @@ class InfLLMMemory:
         pages = req.pages[first : first + bp]
         ids = torch.tensor(pages, dtype=torch.long, device=self.storage.data.device)
         keys = self.storage.data[:, ids, 0].flatten(1, 2).float()  # [L, T, Hkv, D]
+        # Undo the rope of each key's own position: representatives sit at position 0.
+        cos, sin = self.rope.lookup(torch.arange(first * ps, (first + bp) * ps, device=ids.device))
+        keys = apply_rotary(keys, cos, -sin)
         scores = mem.scores[:, first * ps : (first + bp) * ps]  # [L, T, Hkv]
         top = scores.topk(self.repr_tokens, dim=1).indices  # [L, r, Hkv]
         index = top[..., None].expand(-1, -1, -1, keys.shape[-1])
@@ -331,13 +340,23 @@ class InfLLMMemory:
         if self.kv.bus.active:
             self.kv.bus.emit(PagesAllocated(now_ns(), self.kv.step, req.request_id, tuple(pages)))
 
-    def _select(self, layer: int, mem: RequestMemory, q: torch.Tensor) -> list[int]:
-        """Top-k blocks by the summed query's score against their representative keys."""
+    def _select(self, layer: int, mem: RequestMemory, q: torch.Tensor, end: int) -> list[int]:
+        """Top-k blocks by the summed query's score against their representative keys.
+
+        ``q`` holds the queries of positions ``end - len(q) .. end - 1``, rotated for
+        those positions; they are re-rotated to ``score_position`` so every block is
+        scored at the same distance (InfLLM assigns all distant tokens one position):
+        the ranking then reflects content, not how far back a block is.
+        """
         if mem.stacked is None:
             mem.stacked = torch.stack(mem.repr_keys, dim=1)
         reps = mem.stacked[layer]  # [blocks, r, Hkv, D]
         num_kv = reps.shape[2]
-        query = q.float().view(q.shape[0], num_kv, -1, q.shape[-1]).sum((0, 2))  # [Hkv, D]
+        cos, sin = self.rope.lookup(torch.arange(end - q.shape[0], end, device=q.device))
+        q = apply_rotary(q.float(), cos, -sin)
+        fixed = torch.full((q.shape[0],), self.score_position, device=q.device)
+        q = apply_rotary(q, *self.rope.lookup(fixed))
+        query = q.view(q.shape[0], num_kv, -1, q.shape[-1]).sum((0, 2))  # [Hkv, D]
         scores = torch.einsum("brhd,hd->b", reps, query)
         k = min(self.topk, mem.num_blocks)
         return sorted(scores.topk(k).indices.tolist())

@@ -96,8 +96,10 @@ def test_retrieval_picks_the_block_aligned_with_the_query(loaded):
         mem.repr_keys.append(keys)
         mem.host_slots.append([])
     q = query.repeat_interleave(2, dim=0)[None]  # [1 token, 4 query heads (GQA 2), D]
-    assert memory._select(1, mem, q) == [4]
-    assert memory._select(1, mem, -q) != [4]  # scores are signed: the opposite query avoids it
+    # A query at the scoring position itself: re-rotation leaves it unchanged.
+    end = memory.score_position + 1
+    assert memory._select(1, mem, q, end) == [4]
+    assert memory._select(1, mem, -q, end) != [4]  # scores are signed: the opposite avoids it
 
 
 def test_offloaded_pages_live_in_the_host_tier(loaded):
