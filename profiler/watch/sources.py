@@ -29,8 +29,8 @@ class SourceSpec:
     listen: bool = False
 
 
-def check_endpoint(endpoint: str, *, listen: bool = False) -> str:
-    """``endpoint`` if it is a ZMQ address kvscope can use; KvscopeError otherwise."""
+def check_endpoint(endpoint: str) -> None:
+    """Raise KvscopeError unless ``endpoint`` is a ZMQ address kvscope can use."""
     if not endpoint.startswith(_SCHEMES):
         raise KvscopeError(f"endpoint {endpoint!r} must start with tcp://, ipc:// or inproc://")
     if endpoint.startswith("tcp://"):
@@ -39,9 +39,6 @@ def check_endpoint(endpoint: str, *, listen: bool = False) -> str:
             raise KvscopeError(f"endpoint {endpoint!r} needs a host and a port")
         if int(port) > 65535:
             raise KvscopeError(f"endpoint {endpoint!r}: port out of range")
-        if listen and host in ("*", "0.0.0.0", "::", "[::]"):
-            return endpoint  # asked for explicitly: the user chose to listen beyond loopback
-    return endpoint
 
 
 def offset_endpoint(endpoint: str, rank: int) -> str:
@@ -71,7 +68,7 @@ def expand_sources(
         raise KvscopeError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if dp_size < 1:
         raise KvscopeError(f"--dp-size must be at least 1, not {dp_size}")
-    check_endpoint(endpoint, listen=listen)
+    check_endpoint(endpoint)
     if replay is not None:
         check_endpoint(replay)
     return [
