@@ -212,13 +212,13 @@ def cost_device(info: RunInfo) -> Device | None:
     Recorded as ``cost_device``; runs recorded before that name carry it as
     ``device`` (which then hid the engine's execution device).
     """
-    for key in ("cost_device", "device"):
-        name = info.config.get(key)
-        if isinstance(name, str):
-            try:
-                return device_preset(name)
-            except KvscopeError:
-                continue
+    key = "cost_device" if "cost_device" in info.config else "device"
+    name = info.config.get(key)
+    if isinstance(name, str):
+        try:
+            return device_preset(name)
+        except KvscopeError:
+            pass
     return None
 
 
