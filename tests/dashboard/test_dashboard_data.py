@@ -1,4 +1,4 @@
-"""The dashboard's own queries against a recorded run whose true counts are known."""
+"""The queries the dashboard pages use (db/) against a recorded run whose true counts are known."""
 
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ def test_progress_at_the_finish_step_equals_the_recorded_figures(
         assert progress.tpot_s == pytest.approx(tpot, rel=1e-9), rid
 
 
-def test_timeline_reads_only_new_steps(tmp_path) -> None:
+def test_step_times_read_only_new_steps(tmp_path) -> None:
     from tui_helpers import make_recorder
 
     from profiler.synthetic import SyntheticRun
