@@ -37,6 +37,7 @@ class WatchBatch:
     metrics: list[tuple] = field(default_factory=list)
     # (*SOURCE_COUNTERS, source): the sources' counters as of this batch
     counters: list[tuple] = field(default_factory=list)
+    model: str | None = None  # the served model, once known: the run's model if unset
 
 
 def _insert(table: str, columns: tuple[str, ...], run_id: int) -> str:
@@ -75,6 +76,11 @@ class WatchWriter:
                 rows = getattr(batch, name)
                 if rows:
                     conn.executemany(sql, rows)
+            if batch.model is not None:
+                conn.execute(
+                    "UPDATE runs SET model = ? WHERE id = ? AND model IS NULL",
+                    (batch.model, self.run_id),
+                )
             self.rows_written += len(batch.blocks) + len(batch.raw)
             conn.execute(
                 "UPDATE runs SET heartbeat = ?, events_written = ?, dropped_events = ? WHERE id = ?",

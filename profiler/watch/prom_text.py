@@ -30,7 +30,8 @@ def _value(text: str) -> float:
     return float(text)  # also "NaN"
 
 
-def _labels(text: str) -> dict[str, str]:
+def parse_labels(text: str) -> dict[str, str]:
+    """``k="v",...`` (as in a sample line, or as ``label_text`` writes it) as a dict."""
     labels: dict[str, str] = {}
     pos = 0
     while pos < len(text):
@@ -56,7 +57,11 @@ def parse(text: str) -> list[Sample]:
             close = line.rfind("}")
             if close < brace:
                 raise ValueError(f"bad sample line {line!r}")
-            name, labels, rest = line[:brace], _labels(line[brace + 1 : close]), line[close + 1 :]
+            name, labels, rest = (
+                line[:brace],
+                parse_labels(line[brace + 1 : close]),
+                line[close + 1 :],
+            )
         else:
             name, _, rest = line.partition(" ")
             labels = {}
@@ -68,5 +73,10 @@ def parse(text: str) -> list[Sample]:
 
 
 def label_text(labels: dict[str, str]) -> str:
-    """Labels in one canonical spelling (sorted, without braces) for storage."""
-    return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    """Labels in one canonical spelling (sorted, escaped, without braces) for storage;
+    ``parse_labels`` reads it back."""
+    return ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

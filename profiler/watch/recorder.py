@@ -26,6 +26,7 @@ from db.watch_writer import WatchBatch, WatchWriter
 from db.writer import create_run
 from engine.events import now_ns
 from profiler.hardware import describe_versions
+from profiler.watch.prom_text import parse_labels
 from profiler.watch.rows import SourceAttrs, batch_rows
 from profiler.watch.subscriber import Stream
 from profiler.watch.wire import EventBatch
@@ -78,6 +79,8 @@ class WatchRecorder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._finished = False
+        self._model = model
+        self._model_pending = False
         self.dropped_rows = 0
         self.error: Exception | None = None
 
@@ -154,6 +157,11 @@ class WatchRecorder:
 
     def on_samples(self, rows: list[tuple]) -> None:
         """One scrape's ``watch_metrics`` rows."""
+        if self._model is None:
+            # Every vLLM and SGLang metric carries the served model's name.
+            names = (parse_labels(row[3]).get("model_name") for row in rows)
+            self._model = next(filter(None, names), None)
+            self._model_pending = self._model is not None
         self._metrics.append(rows)
 
     @property
@@ -192,6 +200,8 @@ class WatchRecorder:
         )
         for rows in self._take(self._metrics):
             batch.metrics.extend(rows)
+        if self._model_pending:
+            batch.model, self._model_pending = self._model, False
         pending = self._take(self._batches)
         self._room.set()
         ts_ns = self.ts_ns

@@ -268,6 +268,7 @@ def test_metrics_scraped_and_hit_rate_from_counters(
     assert scrapes >= 5 and [p.value for p in series.running] == list(range(scrapes))
     assert [p.value for p in series.hit_rate] == [0.25] * (scrapes - 1)
     assert [round(p.value, 9) for p in series.ttft_mean_s] == [0.05] * (scrapes - 1)
+    assert _rows(db, "SELECT model FROM runs") == [("m",)]  # from the model_name label
     assert [round(p.value, 9) for p in series.usage] == [
         round(0.1 * (n % 5), 9) for n in range(scrapes)
     ]

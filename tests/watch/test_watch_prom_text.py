@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from profiler.watch.prom_text import label_text, parse
+from profiler.watch.prom_text import label_text, parse, parse_labels
 from profiler.watch.scraper import sample_rows
 
 VLLM_TEXT = """\
@@ -56,6 +56,11 @@ def test_rows_keep_engine_samples_without_buckets() -> None:
     ]
     assert rows[0] == (3, 99, "vllm:kv_cache_usage_perc", 'engine="0",model_name="tiny"', 0.4375)
     assert label_text({"b": "2", "a": "1"}) == 'a="1",b="2"'
+
+
+def test_stored_labels_read_back() -> None:
+    labels = {"model_name": 'm, "quoted"\\x\nline', "engine": "0"}
+    assert parse_labels(label_text(labels)) == labels
 
 
 @pytest.mark.parametrize("line", ["vllm:x{a=1} 2", 'vllm:x{a="1"}', "vllm:x notanumber"])
