@@ -285,3 +285,11 @@ def test_busiest_step_is_under_pressure_and_fullest(recorded) -> None:
     later = [e for e in steps if e.step >= pressure]
     best = max(later, key=lambda e: (e.running * e.pages_used, -e.step))
     assert busiest_step(path, run_id) == best.step
+
+
+def test_an_unknown_event_kind_is_one_clear_error(recorded) -> None:
+    path, run_id, _ = recorded
+    with pytest.raises(KvscopeError, match="unknown event kind 'page_evict'"):
+        queries.event_timeline(path, run_id, kinds=["page_evict"])
+    with pytest.raises(KvscopeError, match="unknown event kind"):
+        queries.event_counts(path, run_id, kinds=["nope"])
