@@ -145,8 +145,9 @@ def _status(rejected: str | None, finished: int | None, scheduled: int | None) -
     return "running" if scheduled is not None else "waiting"
 
 
-def requests_table(source: Source, run_id: int) -> list[RequestRow]:
-    """One row per request, by request id, as it stands at the newest recorded step."""
+def requests_table(source: Source, run_id: int, *, progress: bool = True) -> list[RequestRow]:
+    """One row per request, by request id, as it stands at the newest recorded step
+    (without ``progress``, a running request's output tokens and TPOT are None)."""
     with connection(source) as conn:
         start_ns = run_origin(conn, run_id)
         rows = conn.execute(
@@ -156,11 +157,13 @@ def requests_table(source: Source, run_id: int) -> list[RequestRow]:
                FROM requests WHERE run_id = ? ORDER BY request_id""",
             (run_id,),
         ).fetchall()
+        so_far: dict[int, Progress] = {}
         latest = conn.execute(
             "SELECT step, ts_ns FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1", (run_id,)
         ).fetchone()
-        running = [row[0] for row in rows if _status(row[11], row[3], row[2]) == "running"]
-        progress = request_progress(conn, Position(run_id, *latest), running) if latest else {}
+        if progress and latest:
+            running = [row[0] for row in rows if _status(row[11], row[3], row[2]) == "running"]
+            so_far = request_progress(conn, Position(run_id, *latest), running)
 
     def since(ts_ns: int | None, origin: int | None) -> float | None:
         return (ts_ns - origin) / 1e9 if ts_ns is not None and origin is not None else None
@@ -169,8 +172,8 @@ def requests_table(source: Source, run_id: int) -> list[RequestRow]:
     for row in rows:
         (rid, arrival, scheduled, finished, ttft, tpot, prompt, output, cached) = row[:9]
         (preempt, reason, rejected) = row[9:]
-        if rid in progress:
-            output, tpot = progress[rid].output_tokens, progress[rid].tpot_s
+        if rid in so_far:
+            output, tpot = so_far[rid].output_tokens, so_far[rid].tpot_s
         table.append(
             RequestRow(
                 request_id=rid,
@@ -211,7 +214,7 @@ def requests_at(
     owners = owners if owners is not None else np.empty(0, np.int32)
     held = np.bincount(owners[owners >= 0]) if owners.size else np.empty(0, np.int64)
     arrived = []
-    for r in requests_table(conn, at.run_id):
+    for r in requests_table(conn, at.run_id, progress=False):  # progress at the position below
         if r.arrival_s is not None and r.arrival_s > t_s:
             continue
         if r.status == "rejected":
