@@ -56,7 +56,7 @@ import torch  # noqa: E402
 
 from engine.config import ModelConfig  # noqa: E402
 from engine.device import preset_for_device, synchronize  # noqa: E402
-from engine.dummy import byte_codec, load_dummy  # noqa: E402
+from engine.dummy import byte_codec, dummy_shell  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.engine_config import EngineConfig  # noqa: E402
 from engine.events import (  # noqa: E402
@@ -282,10 +282,7 @@ def correctness(report: Report, device: str, smoke: bool, workdir: Path) -> dict
 
 def dummy_engine(config: ModelConfig, engine_config: EngineConfig) -> Engine:
     """An engine over dummy weights of ``config`` (any shape, not only a preset's)."""
-    loaded = load_dummy(config, engine_config.weights_dtype, engine_config.device)
-    engine = Engine(engine_config, loaded=loaded)
-    loaded.weights.clear()  # the engine holds its own converted copies
-    return engine
+    return Engine(engine_config, loaded=dummy_shell(config))
 
 
 def copy_bandwidth(device: str, nbytes: int) -> float:

@@ -12,6 +12,7 @@ workload, never the random model's choice of an end token.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from engine.presets import model_preset
 from engine.tokenizer import TextCodec
 
 PRESET_PREFIX = "preset:"
+SOURCE_PREFIX = "dummy:"
 DEFAULT_PRESET = "smollm2-135m"
 INIT_STD = 0.02
 CHATML = (
@@ -104,6 +106,16 @@ def dummy_weights(
     return w
 
 
+def dummy_shell(model: str | ModelConfig | None) -> LoadedModel:
+    """A dummy model without weights: an engine draws them, builds its model, drops them."""
+    config = model if isinstance(model, ModelConfig) else dummy_config(model)
+    return LoadedModel(config, {}, byte_codec(config.vocab_size), f"{SOURCE_PREFIX}{config.name}")
+
+
+def is_dummy_shell(loaded: LoadedModel) -> bool:
+    return not loaded.weights and loaded.source.startswith(SOURCE_PREFIX)
+
+
 def load_dummy(
     model: str | ModelConfig | None,
     weights_dtype: str = "fp32",
@@ -111,7 +123,6 @@ def load_dummy(
     seed: int = 0,
 ) -> LoadedModel:
     """A ``LoadedModel`` with dummy weights, drawn in the dtype they will be stored in."""
-    config = model if isinstance(model, ModelConfig) else dummy_config(model)
+    shell = dummy_shell(model)
     dtype = torch.float32 if weights_dtype == "fp32" else torch.bfloat16
-    weights = dummy_weights(config, dtype, device, seed)
-    return LoadedModel(config, weights, byte_codec(config.vocab_size), f"dummy:{config.name}")
+    return dataclasses.replace(shell, weights=dummy_weights(shell.config, dtype, device, seed))

@@ -8,6 +8,7 @@ steps. A bad request is refused with a ``RequestError`` (and a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.dummy import load_dummy
+from engine.dummy import dummy_shell, is_dummy_shell, load_dummy
 from engine.engine_config import EngineConfig
 from engine.errors import KvscopeError, RequestError
 from engine.events import (
@@ -81,20 +82,23 @@ class Engine:
         self.config = config = config or EngineConfig()
         self.device = config.device
         self.bus = bus or EventBus()
-        owned = loaded is None
         if loaded is None:
-            loaded = (
-                load_dummy(config.model, config.weights_dtype, config.device)
-                if config.load_format == "dummy"
-                else load_model(config.model)
-            )
+            load = dummy_shell if config.load_format == "dummy" else load_model
+            loaded = load(config.model)
+        # Dummy weights are drawn here and dropped once the model holds its own copies
+        # (an 8B model's draw is 16 GB); an engine sharing the shell draws the same again.
+        dummy = is_dummy_shell(loaded)
+        if dummy:
+            loaded = load_dummy(loaded.config, config.weights_dtype, config.device)
+        self.model = DecoderModel(
+            loaded.config, loaded.weights, config.weights_dtype, config.device
+        )
+        if dummy:
+            loaded = dataclasses.replace(loaded, weights={})
         self.loaded = loaded
         self.codec = loaded.codec
         mcfg = loaded.config
         self.model_config = mcfg
-        self.model = DecoderModel(mcfg, loaded.weights, config.weights_dtype, config.device)
-        if owned:
-            loaded.weights = {}  # the model holds its own (fused, converted) copies
         self.bytes_per_token = kv_bytes_per_token(
             mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, config.kv_dtype
         )

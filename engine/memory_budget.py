@@ -94,6 +94,9 @@ def measure_budget(
     total = device_memory_bytes(device)
     weights = model.weight_bytes
     if device.startswith("cuda"):
+        # Everything torch holds before the KV cache, as vLLM counts "model memory": the
+        # model's weights and any copy the loader still keeps (engines share one).
+        weights = max(weights, torch.cuda.memory_allocated(torch.device(device)))
         activations = profile_activation_bytes(model, tokens, logit_rows, device)
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         overhead = max(0, (total - free) - torch.cuda.memory_reserved(torch.device(device)))

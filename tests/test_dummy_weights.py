@@ -102,11 +102,16 @@ def test_smollm2_dummy_builds_from_the_preset_in_bf16():
         )
     )
     assert engine.loaded.source == "dummy:smollm2-135m"
-    assert engine.loaded.weights == {}  # the engine's own copy was dropped
     assert engine.model.layers[0].qkv.weight.dtype == torch.bfloat16
     assert engine.model.layers[0].qkv.weight.shape == (9 * 64 + 2 * 3 * 64, 576)
     out = engine.generate(["The KV cache"], SamplingParams(max_tokens=5))[0]
     assert len(out.token_ids) == 5 and all(0 <= t < 49152 for t in out.token_ids)
+    # The engine dropped its draw; an engine sharing the model draws the same weights.
+    assert engine.loaded.weights == {}
+    twin = Engine(engine.config, loaded=engine.loaded)
+    assert (
+        twin.generate(["The KV cache"], SamplingParams(max_tokens=5))[0].token_ids == out.token_ids
+    )
     direct = load_dummy("preset:smollm2-135m", "bf16")
     assert direct.weights["model.embed_tokens.weight"].dtype == torch.bfloat16
 
