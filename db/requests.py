@@ -76,7 +76,7 @@ class RequestState:
 
 
 @dataclass(frozen=True, slots=True)
-class Progress:
+class RequestProgress:
     """A request's output so far, derived from its events (see the module docstring)."""
 
     output_tokens: int
@@ -85,7 +85,7 @@ class Progress:
 
 def request_progress(
     conn: sqlite3.Connection, at: Position, request_ids: Iterable[int]
-) -> dict[int, Progress]:
+) -> dict[int, RequestProgress]:
     """Output tokens and TPOT at the position of those of ``request_ids`` that had
     their first token by then."""
     ids = sorted(set(request_ids))
@@ -124,7 +124,7 @@ def request_progress(
             idle[rid] += at.step + 1 - max(preempted_at[rid], first_step + 1)
         tokens = 1 + at.step - first_step - idle[rid]
         tpot = (at.ts_ns - first_ns) / 1e9 / (tokens - 1) if tokens > 1 else None
-        progress[rid] = Progress(tokens, tpot)
+        progress[rid] = RequestProgress(tokens, tpot)
     return progress
 
 
@@ -157,7 +157,7 @@ def requests_table(source: Source, run_id: int, *, progress: bool = True) -> lis
                FROM requests WHERE run_id = ? ORDER BY request_id""",
             (run_id,),
         ).fetchall()
-        so_far: dict[int, Progress] = {}
+        so_far: dict[int, RequestProgress] = {}
         latest = conn.execute(
             "SELECT step, ts_ns FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1", (run_id,)
         ).fetchone()
