@@ -94,21 +94,31 @@ def measure_budget(
     total = device_memory_bytes(device)
     weights = model.weight_bytes
     if device.startswith("cuda"):
-        # Everything torch holds before the KV cache, as vLLM counts "model memory": the
-        # model's weights and any copy the loader still keeps (engines share one).
+        # Everything torch holds before this KV cache, as vLLM counts "model memory": the
+        # weights, and whatever else the process already took (a loader's copy, another
+        # engine), so the KV cache is sized from what is really left.
         weights = max(weights, torch.cuda.memory_allocated(torch.device(device)))
         activations = profile_activation_bytes(model, tokens, logit_rows, device)
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         overhead = max(0, (total - free) - torch.cuda.memory_reserved(torch.device(device)))
-        measured = True
-    else:
-        activations = estimate_activation_bytes(model.config, tokens, logit_rows)
-        rss = os.sysconf("SC_PAGE_SIZE") * int(open("/proc/self/statm").read().split()[1])
-        overhead = max(0, rss - weights)
-        measured = False
+        return BudgetTerms(
+            device, total, memory_fraction, weights, activations, overhead, True, True
+        )
+    activations = estimate_activation_bytes(model.config, tokens, logit_rows)
+    rss = resident_bytes()
+    overhead = 0 if rss is None else max(0, rss - weights)
     return BudgetTerms(
-        device, total, memory_fraction, weights, activations, overhead, measured, True
+        device, total, memory_fraction, weights, activations, overhead, False, rss is not None
     )
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux), or None where /proc is missing."""
+    try:
+        with open("/proc/self/statm") as f:
+            return os.sysconf("SC_PAGE_SIZE") * int(f.read().split()[1])
+    except OSError:
+        return None
 
 
 def kv_budget_from_terms(terms: BudgetTerms) -> int:
