@@ -146,7 +146,8 @@ def _recorder(db_dir: Path, name: str, **kwargs) -> Recorder:
 
 
 def burst(db_dir: Path, name: str, make, n: int) -> dict:
-    rec = _recorder(db_dir, f"burst-{name}", max_queue=n + 1)
+    # Room for the whole stream (the GPU-scale mix shares its few page-map arrays).
+    rec = _recorder(db_dir, f"burst-{name}", max_queue=n + 1, max_queue_bytes=1 << 40)
     events = make(n, rec.start_ns)
     bus = EventBus()
     bus.subscribe(rec.on_event)
@@ -155,7 +156,7 @@ def burst(db_dir: Path, name: str, make, n: int) -> dict:
     for event in events:
         bus.emit(event)
     emitted = time.perf_counter() - t0
-    while rec.events_written < len(events):
+    while rec.events_written + rec.dropped_events < len(events):
         time.sleep(0.001)
     seconds = time.perf_counter() - t0
     rec.finish()

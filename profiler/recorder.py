@@ -82,8 +82,10 @@ def _typed(table: str, columns: tuple[str, ...]) -> Converter:
     return convert
 
 
-# zlib releases the GIL, so page maps compress in parallel, off the engine's thread: at
-# 100k pages one map takes ~3 ms to compress, and a GPU engine may take one every few ms.
+# zlib releases the GIL, so large page maps compress in parallel, off the engine's thread:
+# at 100k pages one map takes ~3 ms to compress, and a GPU engine may take one every few
+# ms. Small maps compress inline (a worker hand-off costs more than compressing them).
+_PARALLEL_MAP_BYTES = 1 << 16
 _compressor = ThreadPoolExecutor(
     max_workers=max(1, min(4, (os.cpu_count() or 2) - 1)), thread_name_prefix="kvscope-zlib"
 )
@@ -95,7 +97,8 @@ def _compress(owners: np.ndarray) -> bytes:
 
 def _page_map_rows(events: list[Event], batch: Batch) -> None:
     arrays = [np.ascontiguousarray(event.owners, dtype="<i4") for event in events]
-    blobs = _compressor.map(_compress, arrays) if len(arrays) > 1 else map(_compress, arrays)
+    parallel = len(arrays) > 1 and arrays[0].nbytes >= _PARALLEL_MAP_BYTES
+    blobs = (_compressor.map if parallel else map)(_compress, arrays)
     for event, owners, blob in zip(events, arrays, blobs, strict=True):
         batch.page_maps.append(
             (
