@@ -43,8 +43,8 @@ def _kv_bytes(format_code: int, kv: torch.Tensor) -> float:
     return kv.element_size() / (2 if format_code == 4 else 1)
 
 
-def shared_bytes(
-    rows: int,
+def prefill_shared_bytes(
+    block_m: int,
     block_n: int,
     num_stages: int,
     block_d: int,
@@ -52,21 +52,45 @@ def shared_bytes(
     dot_bytes: int,
     converted: bool,
 ) -> int:
-    """Shared memory a config needs, an upper estimate.
+    """Shared memory a prefill config needs, an upper estimate.
 
-    ``rows`` query rows (BLOCK_M; BLOCK_H for decode). The pipeline holds
-    ``num_stages`` K and V tiles as loaded; Q sits there in the dot dtype
-    (twice for fp32, whose "tf32x3" dots split it in two); K and V tiles
-    that had to be converted (dequantized, or cast to another float type)
-    are stored again in the dot dtype for the tensor cores; and P for the
-    second dot. sm90_compile.py checks it against the compiler's allocation.
+    The pipeline holds ``num_stages`` K and V tiles as loaded; Q sits there in
+    the dot dtype (twice for fp32, whose "tf32x3" dots split it in two); K
+    and V tiles that had to be converted (dequantized, or cast to another
+    float type) are stored again in the dot dtype, where the tensor cores
+    read them; and P for the second dot.
     """
     loads = num_stages * 2 * block_n * block_d * kv_bytes
     q_copies = 2 if dot_bytes == 4 else 1
-    operands = q_copies * rows * block_d + rows * block_n
+    operands = q_copies * block_m * block_d + block_m * block_n
     if converted:
         operands += 2 * block_n * block_d
     return int(loads + operands * dot_bytes)
+
+
+def decode_shared_bytes(
+    block_h: int,
+    block_n: int,
+    num_stages: int,
+    block_d: int,
+    kv_bytes: float,
+    dot_bytes: int,
+    int4: bool,
+) -> int:
+    """Shared memory a decode config needs, an upper estimate.
+
+    Decode's ``BLOCK_H`` (16) query rows are too few for wgmma, so its dots
+    take converted tiles from registers; only int4's nibble interleave goes
+    through shared memory. The compiler does not multi-buffer the page-table
+    loads today; the estimate still counts ``num_stages - 1`` tile sets in
+    flight, Q (twice for fp32), P twice, and 4 KiB of scratch.
+    """
+    loads = max(1, num_stages - 1) * 2 * block_n * block_d * kv_bytes
+    q_copies = 2 if dot_bytes == 4 else 1
+    operands = q_copies * block_h * block_d + 2 * block_h * block_n
+    if int4:
+        operands += block_n * block_d
+    return int(loads + operands * dot_bytes) + 4096
 
 
 def shared_memory_limit(device: torch.device) -> int:
@@ -92,7 +116,7 @@ def prefill_need(kwargs: dict[str, Any], kv: torch.Tensor) -> Callable[[triton.C
     kv_bytes, dot_bytes, converted = _tile_bytes(kwargs, kv)
 
     def need(config: triton.Config) -> int:
-        return shared_bytes(
+        return prefill_shared_bytes(
             config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_stages,
             kwargs["BLOCK_D"], kv_bytes, dot_bytes, converted,
         )  # fmt: skip
@@ -102,12 +126,12 @@ def prefill_need(kwargs: dict[str, Any], kv: torch.Tensor) -> Callable[[triton.C
 
 def decode_need(kwargs: dict[str, Any], kv: torch.Tensor) -> Callable[[triton.Config], int]:
     """Shared-memory estimate of each decode config for one launch (its constexpr ``kwargs``)."""
-    kv_bytes, dot_bytes, converted = _tile_bytes(kwargs, kv)
+    kv_bytes, dot_bytes, _ = _tile_bytes(kwargs, kv)
 
     def need(config: triton.Config) -> int:
-        return shared_bytes(
+        return decode_shared_bytes(
             kwargs["BLOCK_H"], config.kwargs["BLOCK_N"], config.num_stages,
-            kwargs["BLOCK_D"], kv_bytes, dot_bytes, converted,
+            kwargs["BLOCK_D"], kv_bytes, dot_bytes, kwargs["FORMAT"] == 4,
         )  # fmt: skip
 
     return need

@@ -80,9 +80,11 @@ def test_decode_keeps_longer_tiles_for_smaller_formats() -> None:
         kept = fitting(decode_candidates(), decode_need(kwargs, kv), SM90_SHARED_BYTES)
         return sorted({c.kwargs["BLOCK_N"] for c in kept})
 
-    assert kept_block_n("int4", 256) == [32, 64, 128]
-    assert kept_block_n("fp16", 256) == [32, 64]
-    assert kept_block_n("int4", 128) == [32, 64, 128, 256]
+    # 256-token tiles of 1-byte and 4-bit pages fit at every head dim; fp16 ones not at 256.
+    for kv_format in ("int8", "fp8_e4m3", "int4"):
+        assert kept_block_n(kv_format, 256) == [32, 64, 128, 256]
+    assert kept_block_n("fp16", 128) == [32, 64, 128, 256]
+    assert kept_block_n("fp16", 256) == [32, 64, 128]
 
 
 def test_fitting_falls_back_to_the_smallest_config() -> None:
