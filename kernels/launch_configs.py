@@ -9,8 +9,8 @@ the GPU architecture and the kernel source). A candidate fits when its shared
 memory, estimated from its tiles, element sizes and stages, is within the
 device's per-block limit (227 KiB on sm_90): fp32 tiles at head_dim 128 and
 above are what that rules out. ``tests/kernels/sm90_compile.py`` compiles
-every candidate at every head-dim class for sm_90 and checks the estimate
-against what the compiler allocates. The interpreter gets one small config:
+every candidate kept for sm_90 at every head-dim class and checks the
+estimate against what the compiler allocates. The interpreter gets one small config:
 it has no speed to tune, and 16-wide tiles make small tests cross tile edges.
 """
 
@@ -98,7 +98,9 @@ def shared_memory_limit(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
-def fitting(configs: list[triton.Config], need: Callable[[triton.Config], int], limit: int):
+def fitting(
+    configs: list[triton.Config], need: Callable[[triton.Config], int], limit: int
+) -> list[triton.Config]:
     """The configs within ``limit`` bytes; the smallest one if none is."""
     kept = [c for c in configs if need(c) <= limit]
     return kept or [min(configs, key=need)]
@@ -137,13 +139,13 @@ def decode_need(kwargs: dict[str, Any], kv: torch.Tensor) -> Callable[[triton.Co
     return need
 
 
-def _prune_prefill(configs: list[triton.Config], nargs: dict, **kwargs: Any) -> list:
+def _prune_prefill(configs: list[triton.Config], nargs: dict, **kwargs: Any) -> list[triton.Config]:
     return fitting(
         configs, prefill_need(kwargs, nargs["K"]), shared_memory_limit(nargs["Q"].device)
     )
 
 
-def _prune_decode(configs: list[triton.Config], nargs: dict, **kwargs: Any) -> list:
+def _prune_decode(configs: list[triton.Config], nargs: dict, **kwargs: Any) -> list[triton.Config]:
     return fitting(configs, decode_need(kwargs, nargs["K"]), shared_memory_limit(nargs["Q"].device))
 
 
