@@ -119,29 +119,37 @@ def run_counted(engine, arrivals, check_every: int = 0):
     return outputs, per_step
 
 
-@pytest.fixture(scope="module")
-def big_run():
+# Evicted pages dropped, or offloaded to a host tier of 64 slots that fills up (then
+# dropping a page releases the host slots of its offloaded descendants).
+MODES = {"drop": {}, "offload": {"offload": "always", "host_budget_bytes": 64 * PAGE * 128}}
+
+
+@pytest.fixture(scope="module", params=sorted(MODES))
+def big_run(request):
     events: list = []
     bus = EventBus()
     bus.subscribe(events.append)
-    engine = counted_engine(100_000, bus=bus)
+    engine = counted_engine(100_000, bus=bus, **MODES[request.param])
     assert engine.num_pages == 100_000
     filled = fill_cache(engine)
     engine.kv.check_integrity()
     outputs, per_step = run_counted(engine, workload(), check_every=25)
     engine.kv.check_integrity()
-    return engine, filled, outputs, per_step, events
+    return engine, filled, outputs, per_step, events, request.param
 
 
 def test_outputs_match_small_pools_and_no_cache(big_run):
-    _, _, outputs, _, _ = big_run
+    _, _, outputs, _, _, _ = big_run
     work = workload()
     assert outputs == run_all(tiny_engine(64, PAGE, max_batched_tokens=64), work)
     assert outputs == run_all(tiny_engine(400, PAGE, prefix_cache=False), work)
 
 
 def test_evicts_through_a_full_tree_and_keeps_every_invariant(big_run):
-    engine, filled, _, _, events = big_run
+    engine, filled, _, _, events, mode = big_run
+    if mode == "offload":
+        assert engine.kv.host.num_free == 0  # the host tier filled, then pages were dropped
+        assert any(e.kind == "page_offloaded" for e in events)
     assert filled == 100_000 - SLACK
     evicted = sum(e.kind == "page_evicted" for e in events)
     assert evicted > SLACK  # the workload ran on pages it had to take from the cache
@@ -152,8 +160,8 @@ def test_evicts_through_a_full_tree_and_keeps_every_invariant(big_run):
 
 
 def test_per_step_work_does_not_grow_with_the_pool(big_run):
-    _, _, _, per_step, _ = big_run
-    small = counted_engine(1_000)
+    _, _, _, per_step, _, mode = big_run
+    small = counted_engine(1_000, **MODES[mode])
     fill_cache(small)
     _, small_per_step = run_counted(small, workload())
     # The same steps do the same cache work on 1,000 and 100,000 pages.
@@ -164,7 +172,7 @@ def test_per_step_work_does_not_grow_with_the_pool(big_run):
 
 
 def test_page_maps_and_step_summaries_agree_at_scale(big_run):
-    engine, _, _, _, events = big_run
+    engine, _, _, _, events, _ = big_run
     maps = [e for e in events if isinstance(e, PageMap)]
     steps = {e.step: e for e in events if isinstance(e, StepSummary)}
     assert len(maps) >= 5
