@@ -273,11 +273,18 @@ def correctness(report: Report, device: str, smoke: bool, workdir: Path) -> dict
             "ok": ok,
         }
         del engine, bf16, model
-        gc.collect()
+        free_memory(device)
     return results
 
 
 # --- 2. throughput ----------------------------------------------------------------------
+
+
+def free_memory(device: str) -> None:
+    """Give the memory of deleted engines and models back before the next part sizes itself."""
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def dummy_engine(config: ModelConfig, engine_config: EngineConfig) -> Engine:
@@ -386,6 +393,12 @@ def throughput(report: Report, device: str, smoke: bool) -> dict:
         ("memory: KV cache predicted by kvscope calc", predicted),
     ):
         report.add("memory", what, value / gib, "GiB")
+    # Bytes a decode step must read: every weight once, except the embedding table, of
+    # which a step reads one row per request (unless it doubles as the LM head).
+    decoder = engine.model
+    step_weights = decoder.weight_bytes
+    if not config.tie_embeddings:
+        step_weights -= decoder.embed.numel() * decoder.embed.element_size()
     rows = {}
     for batch in batches:
         prompts = random_prompts(batch, prompt_len, config.vocab_size, seed=batch)
@@ -393,7 +406,7 @@ def throughput(report: Report, device: str, smoke: bool) -> dict:
         got = kvscope_throughput(engine, prompts, new)
         step = got["decode_step_s"]
         kv_read = got["decode_batch"] * (prompt_len + new / 2) * engine.storage.bytes_per_token
-        mbu = (engine.model.weight_bytes + kv_read) / step / bandwidth if step else None
+        mbu = (step_weights + kv_read) / step / bandwidth if step else None
         report.add("throughput", f"kvscope tok/s, batch {batch}", got["tok_s"])
         if mbu is not None:
             report.add("throughput", f"kvscope decode step, batch {batch}", step * 1e3, "ms")
@@ -407,10 +420,8 @@ def throughput(report: Report, device: str, smoke: bool) -> dict:
                 f"{tflops / peak.fp16_tflops:.0%} of {peak.name} bf16 peak",
             )
         rows[batch] = {**got, "mbu": mbu}
-    engine_weights = engine.model.weight_bytes
-    del engine
-    gc.collect()
-    torch.cuda.empty_cache() if device.startswith("cuda") else None
+    del engine, decoder
+    free_memory(device)
 
     torch.manual_seed(0)
     model = hf_model(config, torch.bfloat16, device)
@@ -423,14 +434,13 @@ def throughput(report: Report, device: str, smoke: bool) -> dict:
             "throughput", f"kvscope / transformers, batch {batch}", rows[batch]["tok_s"] / hf, "x"
         )
     del model
-    gc.collect()
-    torch.cuda.empty_cache() if device.startswith("cuda") else None
-    bound = bandwidth / 2 / engine_weights  # tokens/s if a step only read the weights once
+    free_memory(device)
+    bound = bandwidth / step_weights  # tokens/s if a step only read the weights, at copy speed
     report.add("throughput", "single-stream weight-bandwidth bound", bound, "tok/s")
     return {
         "model": config.name,
         "copy_bandwidth_Bps": bandwidth,
-        "weight_bytes": engine_weights,
+        "step_weight_bytes": step_weights,
         "single_stream_bound_tok_s": bound,
         "batches": rows,
         "memory_budget": {**dataclasses.asdict(budget), "kv_bytes": measured_kv},
@@ -448,6 +458,7 @@ def recorded_run(report: Report, device: str, smoke: bool, out: Path) -> dict:
     except ImportError:
         report.add("recorded run", "skipped: sqlite-utils is not importable", "-", "see docstring")
         return {"skipped": "sqlite-utils missing"}
+    from app.commands.run import _config_record
     from app.run_job import drive
     from app.workloads import builtin
     from profiler.gpu_sampler import GpuSampler
@@ -468,12 +479,11 @@ def recorded_run(report: Report, device: str, smoke: bool, out: Path) -> dict:
     engine = dummy_engine(config, engine_config)
     db = out / "gpu_engine.db"
     db.unlink(missing_ok=True)
-    record = dataclasses.asdict(engine.config)
-    record.update(
-        workload="chat", requests=requests, rate=rate, seed=0, device=engine.config.cost_device,
-        kv_bytes_per_token=engine.bytes_per_token, params=config.num_params, pages=engine.num_pages,
-    )  # fmt: skip
-    recorder = Recorder(db, record, model=engine.loaded.source)
+    # The run's record as `kvscope run` writes it, so every front end reads it the same way.
+    workload = argparse.Namespace(
+        workload="chat", requests=requests, rate=rate, seed=0, kv_budget_sized=False
+    )
+    recorder = Recorder(db, _config_record(workload, engine), model=engine.loaded.source)
     unsubscribe = engine.bus.subscribe(recorder.on_event)
     recorder.start()
     sampler = GpuSampler(engine.bus, interval_s=0.25, current_step=lambda: engine.step_count)
