@@ -153,3 +153,25 @@ def test_hit_after_insert_and_offload_roundtrip():
     got, hit = cache.match(tokens)
     assert hit == 4
     assert torch.equal(storage[:, got], original)  # reloaded intact
+
+
+def test_continuing_from_an_offloaded_node_adopts_the_request_copy():
+    """A request that computed its own copy of a cached page continues its inserts from
+    that node; if the node was offloaded meanwhile, new pages must not hang under a host
+    page: the insert restarts at the root and adopts the request's copy."""
+    pool = PagePool(8, 2)
+    host = HostTier([torch.zeros(1, 8, 2, 2, 1, 1)], 4)
+    cache = RadixCache(pool, EventBus(), LRU(), host, should_offload=lambda: True)
+    first = pool.allocate(3)
+    cache.insert([1, 2, 3, 4, 5], first)
+    second = pool.allocate(3)  # computed the same prefix concurrently: its copies are not stored
+    handle = cache.insert([1, 2, 3, 4, 6], second)
+    assert handle.page == first[1]
+    cache.release(first)
+    assert cache.evict(1) == 1 and not handle.on_device  # the only leaf: offloaded
+    tokens = [1, 2, 3, 4, 6, 7, 8, 9]
+    pages = second + pool.allocate(1)
+    deepest = cache.insert(tokens, pages, handle, 2)
+    cache.check_integrity()
+    assert handle.page == second[1] and cache.host_pages == 0  # adopted, host slot freed
+    assert deepest.page == pages[3] and deepest.parent.parent is handle
