@@ -11,8 +11,8 @@
    transformers ``generate``; model bandwidth utilisation of kvscope's decode
    steps (weight + KV bytes read per step / step time / the device-to-device
    copy bandwidth measured here), prefill TFLOP/s against the device's peak,
-   and the unified memory budget as measured next to ``kvscope calc``'s
-   prediction.
+   the unified memory budget as measured next to ``kvscope calc``'s
+   prediction, and tok/s with the recorder on over off (batch 32).
 3. A recorded run of the chat workload scaled to the device (hundreds of
    requests, GPU sampler on), its database kept under 16 MiB.
 
@@ -338,6 +338,36 @@ def kvscope_throughput(engine: Engine, prompts: list[list[int]], new: int) -> di
     }
 
 
+def recording_ratio(
+    engine: Engine, prompts: list[list[int]], new: int, folder: Path
+) -> float | None:
+    """tok/s with the recorder subscribed over tok/s with nothing on the bus (one warm
+    engine, same prompts, back to back); None without sqlite-utils."""
+    try:
+        from profiler.recorder import Recorder
+    except ImportError:
+        return None
+    params = SamplingParams(max_tokens=new, ignore_eos=True)
+
+    def tok_s() -> float:
+        synchronize(engine.device)
+        t0 = time.perf_counter()
+        tokens = sum(len(o.token_ids) for o in engine.generate(prompts, params))
+        synchronize(engine.device)
+        return tokens / (time.perf_counter() - t0)
+
+    off = tok_s()
+    db = folder / "recording_overhead.db"
+    recorder = Recorder(db, {"purpose": "recording overhead"}, model=engine.loaded.source)
+    unsubscribe = engine.bus.subscribe(recorder.on_event)
+    recorder.start()
+    on = tok_s()
+    unsubscribe()
+    recorder.finish()
+    db.unlink()
+    return on / off
+
+
 def hf_throughput(model, prompts: list[list[int]], new: int, device: str) -> float:
     ids = torch.tensor(prompts, device=device)
     with torch.inference_mode():
@@ -355,7 +385,7 @@ def hf_throughput(model, prompts: list[list[int]], new: int, device: str) -> flo
     return (out.shape[1] - ids.shape[1]) * len(prompts) / (time.perf_counter() - t0)
 
 
-def throughput(report: Report, device: str, smoke: bool) -> dict:
+def throughput(report: Report, device: str, smoke: bool, out: Path) -> dict:
     config = throughput_config(smoke)
     prompt_len, new = (32, 8) if smoke else (512, 64)
     batches = (1, 4, 8) if smoke else (1, 32, 128)
@@ -420,6 +450,11 @@ def throughput(report: Report, device: str, smoke: bool) -> dict:
                 f"{tflops / peak.fp16_tflops:.0%} of {peak.name} bf16 peak",
             )
         rows[batch] = {**got, "mbu": mbu}
+        if batch == batches[1]:
+            ratio = recording_ratio(engine, prompts, new, out)
+            rows[batch]["recording_on_over_off"] = ratio
+            if ratio is not None:
+                report.add("throughput", f"recording on / off tok/s, batch {batch}", ratio)
     del engine, decoder
     free_memory(device)
 
@@ -528,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict = {"device": name, "smoke": args.smoke}
     with tempfile.TemporaryDirectory() as tmp:
         figures["correctness"] = correctness(report, device, args.smoke, Path(tmp))
-    figures["throughput"] = throughput(report, device, args.smoke)
+    figures["throughput"] = throughput(report, device, args.smoke, args.out)
     figures["recorded_run"] = recorded_run(report, device, args.smoke, args.out)
     figures["seconds"] = time.perf_counter() - began
     report.add("setup", "wall time", figures["seconds"], "s")
