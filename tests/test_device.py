@@ -77,3 +77,18 @@ def test_run_and_generate_default_to_auto_device_and_weights():
     for argv in (["generate", "hi"], ["run", "--headless"]):
         args = build_parser().parse_args(argv)
         assert (args.device, args.weights_dtype, args.load_format) == ("auto", "auto", "auto")
+
+
+def test_engine_flags_reach_the_engine_config():
+    from app.cli import build_parser
+    from app.engine_options import engine_config_from_args
+
+    argv = ["run", "--headless", "--device", "cpu", "--enforce-eager", "--load-format", "dummy"]
+    argv += ["--model", "preset:smollm2-135m", "--weights-dtype", "fp32"]
+    config = engine_config_from_args(build_parser().parse_args(argv))
+    assert (config.device, config.enforce_eager, config.load_format) == ("cpu", True, "dummy")
+    assert (config.model, config.weights_dtype, config.cost_device) == (
+        "preset:smollm2-135m",
+        "fp32",
+        "cpu",  # the cost model's preset follows the execution device
+    )
