@@ -17,6 +17,9 @@ from typing import Any
 
 import pynvml
 
+from engine.errors import KvscopeError
+from engine.presets import device_preset
+
 # Dense FP16/BF16 tensor-core TFLOP/s by marketing name fragment (NVIDIA data
 # sheets, SXM parts where both exist). Longest fragment wins.
 PEAK_TFLOPS = {
@@ -41,6 +44,12 @@ PEAK_TFLOPS = {
 
 
 def peak_tflops(gpu_name: str) -> float | None:
+    """The device preset the driver's name matches (``engine.presets``, the table the cost
+    model and ``kvscope calc`` use), else the longest fragment above."""
+    try:
+        return device_preset(gpu_name).fp16_tflops
+    except KvscopeError:
+        pass
     matches = [key for key in PEAK_TFLOPS if key in gpu_name]
     return PEAK_TFLOPS[max(matches, key=len)] if matches else None
 
