@@ -15,20 +15,14 @@ overwrites per batch). Times are seconds since the run's start (``t_s``).
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlite_utils import Database
 
+from db.source import Source, connection, run_origin
 from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_RESET, OP_STORED
-
-Source = Database | sqlite3.Connection | str | os.PathLike
 
 # Removed blocks remembered per source to recognise one stored again (churn).
 EVICTED_MEMORY = 1_000_000
@@ -56,20 +50,6 @@ METRIC_NAMES: dict[str, dict[str, str]] = {
         "sglang": "sglang:inter_token_latency_seconds",
     },
 }
-
-
-@contextmanager
-def _connection(source: Source) -> Iterator[sqlite3.Connection]:
-    if isinstance(source, Database):
-        yield source.conn
-    elif isinstance(source, sqlite3.Connection):
-        yield source
-    else:
-        conn = sqlite3.connect(f"file:{os.fspath(source)}?mode=ro", uri=True)
-        try:
-            yield conn
-        finally:
-            conn.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,18 +85,11 @@ class WatchSource:
 
 def watch_sources(source: Source, run_id: int) -> list[WatchSource]:
     names = ", ".join(f.name for f in WatchSource.__dataclass_fields__.values())
-    with _connection(source) as conn:
+    with connection(source) as conn:
         rows = conn.execute(
             f"SELECT {names} FROM watch_sources WHERE run_id = ? ORDER BY source", (run_id,)
         ).fetchall()
     return [WatchSource(*row[:7], bool(row[7]), *row[8:]) for row in rows]
-
-
-def _origin(conn: sqlite3.Connection, run_id: int) -> int:
-    row = conn.execute("SELECT start_ns FROM runs WHERE id = ?", (run_id,)).fetchone()
-    if row is None:
-        raise KeyError(f"no run {run_id}")
-    return row[0]
 
 
 # --- the cache replay ----------------------------------------------------------------
@@ -206,8 +179,8 @@ def replay(source: Source, run_id: int, *, points: int = 400) -> Replay:
     The series hold at most about ``points`` samples each (a sample after every
     ``n``-th event, and the last state).
     """
-    with _connection(source) as conn:
-        origin = _origin(conn, run_id)
+    with connection(source) as conn:
+        origin = run_origin(conn, run_id)
         engines = dict(
             conn.execute(
                 "SELECT source, engine FROM watch_sources WHERE run_id = ?", (run_id,)
@@ -395,7 +368,7 @@ def prefix_tree(source: Source, run_id: int, *, top: int = 10) -> list[SharedPre
     """The largest shared prefixes, rebuilt from ``parent_hash`` chains of every
     block ever stored: branch points ranked by the tokens their prefix spans
     times the extra continuations sharing it (what prefix caching saves there)."""
-    with _connection(source) as conn:
+    with connection(source) as conn:
         rows = conn.execute(
             """SELECT s.engine, b.block_hashes, b.parent_hash, b.source, s.block_size
                FROM watch_blocks b JOIN watch_sources s
@@ -482,7 +455,7 @@ class MetricPoint:
 
 
 def metric_names(source: Source, run_id: int) -> list[str]:
-    with _connection(source) as conn:
+    with connection(source) as conn:
         return [
             row[0]
             for row in conn.execute(
@@ -497,8 +470,8 @@ def metric_series(
     """A sample name per scrape, summed (or averaged, for ratios) over its label sets."""
     agg = "AVG" if mean else "SUM"
     where = "" if metrics_source is None else f" AND source = {int(metrics_source)}"
-    with _connection(source) as conn:
-        origin = _origin(conn, run_id)
+    with connection(source) as conn:
+        origin = run_origin(conn, run_id)
         rows = conn.execute(
             f"SELECT ts_ns, {agg}(value) FROM watch_metrics WHERE run_id = ? AND name = ?{where} "
             "GROUP BY source, ts_ns ORDER BY ts_ns",
@@ -589,8 +562,8 @@ class Incident:
 
 def incidents(source: Source, run_id: int) -> list[Incident]:
     """Gaps, restarts, disconnects, bad messages and failed scrapes, in time order."""
-    with _connection(source) as conn:
-        origin = _origin(conn, run_id)
+    with connection(source) as conn:
+        origin = run_origin(conn, run_id)
         rows = conn.execute(
             "SELECT ts_ns, source, kind, first_seq, last_seq, recovered, lost, detail "
             "FROM watch_incidents WHERE run_id = ? ORDER BY ts_ns, rowid",
@@ -601,7 +574,7 @@ def incidents(source: Source, run_id: int) -> list[Incident]:
 
 def raw_events(source: Source, run_id: int, limit: int = 1000) -> list[dict[str, Any]]:
     """Events or fields this kvscope did not know, as recorded."""
-    with _connection(source) as conn:
+    with connection(source) as conn:
         rows = conn.execute(
             "SELECT source, seq, type, payload FROM watch_raw WHERE run_id = ? "
             "ORDER BY rowid LIMIT ?",

@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
-from dash import Dash, Input, Output, Patch, State, ctx, no_update
+from dash import Dash, Input, Output, Patch, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
-from app.dashboard import figures, layout, table_filter
+from app.dashboard import figures, layout, long_context_page, sizing_page, table_filter, watch_page
 from db import queries
+from db.infllm import retrievals
+from db.memory_budget import measured_budget
 from db.queries import (
     RunInfo,
     compare_runs,
@@ -165,13 +167,90 @@ def register(app: Dash, db_path: Path) -> None:
         Output("page", "children"),
         *(Output(f"nav-{key}", "className") for key, _, _ in layout.PAGES),
         Input("url", "pathname"),
+        Input("run", "value"),
     )
-    def route(pathname: str | None) -> tuple:
+    def route(pathname: str | None, run_id: int | None) -> tuple:
         key = layout.PAGE_BY_PATH.get(pathname or "/")
         classes = ["nav-link active" if k == key else "nav-link" for k, _, _ in layout.PAGES]
         if key is None:
             return layout.message(f"No page at {pathname}."), *classes
+        if run_id is not None and (key in layout.ENGINE_PAGES or key == watch_page.PAGE[0]):
+            with queries.reader(db_path) as db:
+                kind = run_info(db, run_id).kind
+            if (kind == "watch") != (key == watch_page.PAGE[0]):
+                return layout.not_applicable(key, run_id, kind), *classes
+        elif ctx.triggered_id == "run":
+            raise PreventUpdate  # a page that does not depend on the run stays as it is
         return layout.page(key), *classes
+
+    @app.callback(
+        Output("overview-budget", "children"),
+        Input("run", "value"),
+    )
+    def memory_budget(run_id: int | None) -> Any:
+        with queries.reader(db_path) as db:
+            budget = measured_budget(db, _run(run_id))
+        if budget is None:
+            return None  # recorded before the engine measured its budget
+        return html.Div(
+            className="card",
+            children=[
+                html.H3(
+                    f"Memory budget on {budget.device} "
+                    f"({budget.memory_fraction:.0%} of {budget.device_bytes / 2**30:,.1f} GiB)"
+                ),
+                html.Div(className="tiles", children=layout.tiles(figures.budget_tiles(budget))),
+            ],
+        )
+
+    @app.callback(
+        Output("watch-content", "children"),
+        Input("version", "data"),
+        Input("run", "value"),
+    )
+    def watch(_: dict | None, run_id: int | None) -> Any:
+        with queries.reader(db_path) as db:
+            return watch_page.render(db, _run(run_id))
+
+    @app.callback(
+        Output("long-context-note", "children"),
+        Output("long-context-request", "options"),
+        Output("long-context-request", "value"),
+        Output("long-context-heatmap", "figure"),
+        Output("long-context-resident", "figure"),
+        Input("version", "data"),
+        Input("run", "value"),
+        Input("long-context-request", "value"),
+    )
+    def long_context(version: dict | None, run_id: int | None, chosen: int | None) -> tuple:
+        run_id = _run(run_id)
+        shown = long_context_page.view(cached(retrievals, run_id, version), chosen)
+        return (
+            None if shown.note is None else layout.message(shown.note),
+            [{"label": f"request {r}", "value": r} for r in shown.requests],
+            shown.request_id,
+            _live(shown.heatmap, (run_id, shown.request_id)),
+            _live(shown.resident, run_id),
+        )
+
+    @app.callback(
+        Output("sizing-tiles", "children"),
+        Output("sizing-cliff", "figure"),
+        Input("sizing-model", "value"),
+        Input("sizing-device", "value"),
+        Input("sizing-kv_dtype", "value"),
+        Input("sizing-resident", "value"),
+    )
+    def sizing(model: str, device: str, kv_dtype: str, resident: float | None) -> tuple:
+        try:
+            report = sizing_page.cliff(model, device, kv_dtype, resident)
+        except KvscopeError as exc:
+            fig = figures._empty(figures._figure("The throughput cliff"), str(exc))
+            return layout.message(str(exc)), fig
+        return (
+            layout.tiles(sizing_page.cliff_tiles(report)),
+            sizing_page.cliff_chart(report),
+        )
 
     @app.callback(
         Output("overview-tiles", "children"),

@@ -17,6 +17,7 @@ from plotly.subplots import make_subplots
 
 from db.events import EventCounts
 from db.kernels import DevicePeaks, TransferCost
+from db.memory_budget import MeasuredBudget
 from db.queries import GpuPoint, KernelStat, PageMatrix, RunSummary, StepPoint
 from db.requests import RequestTrace
 from db.series import CachedSources
@@ -201,6 +202,19 @@ def summary_tiles(summary: RunSummary) -> list[Tile]:
             f"finished; {s.requests_rejected:,} rejected",
         ),
     ]
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def budget_tiles(budget: MeasuredBudget) -> list[Tile]:
+    """The measured memory budget's terms, then calc's KV prediction for the same device."""
+    tiles = [Tile(term, _size(n), how) for term, n, how in budget.terms()]
+    ratio = budget.kv_vs_prediction
+    if ratio is not None:
+        tiles[-1] = Tile(tiles[-1].label, tiles[-1].value, f"measured / predicted {ratio:.2f}")
+    return tiles
 
 
 def throughput_figure(points: Sequence[StepPoint]) -> go.Figure:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dash import dash_table, dcc, html
 
+from app.dashboard import long_context_page, sizing_page, watch_page
 from app.dashboard.figures import FONT, Tile
 
 # (key, label, path): the key prefixes every component id on the page.
@@ -21,9 +22,18 @@ PAGES = (
     ("kernels", "Kernels", "/kernels"),
     ("gpu", "GPU", "/gpu"),
     ("requests", "Requests", "/requests"),
+    long_context_page.PAGE,
     ("compare", "Compare runs", "/compare"),
+    watch_page.PAGE,
+    sizing_page.PAGE,
 )
 PAGE_BY_PATH = {path: key for key, _, path in PAGES}
+LABELS = {key: label for key, label, _ in PAGES}
+# Pages over kvscope's own engine runs: a watched deployment (run kind
+# ``watch``) has no steps, pages or kernels of its own.
+ENGINE_PAGES = frozenset(
+    ("overview", "kv-cache", "prefix-cache", "eviction", "kernels", "gpu", "requests")
+) | {long_context_page.PAGE[0]}
 
 # Requests per page of the requests table (paged server-side).
 REQUESTS_PAGE_SIZE = 20
@@ -129,6 +139,7 @@ def page(key: str) -> html.Div:
 def _overview() -> list:
     return [
         html.Div(id="overview-tiles", className="tiles wide"),
+        html.Div(id="overview-budget", className="wide"),
         _graph("overview-throughput", wide=True),
         _graph("overview-queues", wide=True),
     ]
@@ -294,4 +305,19 @@ _PAGES = {
     "gpu": _gpu,
     "requests": _requests,
     "compare": _compare,
+    long_context_page.PAGE[0]: long_context_page.layout,
+    watch_page.PAGE[0]: lambda: [html.Div(id="watch-content", className="wide")],
+    sizing_page.PAGE[0]: sizing_page.layout,
 }
+
+
+def not_applicable(key: str, run_id: int, kind: str) -> html.Div:
+    """What a page says for a run it has nothing to show for."""
+    if kind == "watch":
+        return message(
+            f"Run #{run_id} is a watched deployment: the {LABELS[key]} page shows kvscope's "
+            f"own engine runs. See {LABELS[watch_page.PAGE[0]]}."
+        )
+    return message(
+        f"Run #{run_id} is a {kind} run, not a watched deployment: record one with kvscope watch."
+    )

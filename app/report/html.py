@@ -2,7 +2,8 @@
 
 plotly.js is inlined once and the dashboard's stylesheet is inlined, so the
 file opens offline, anywhere, with no server. The charts come from the same
-figure builders as the dashboard.
+figure builders as the dashboard: a watched deployment (run kind ``watch``)
+gets its page's figures and tables instead of the engine's.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from sqlite_utils import Database
 
-from app.dashboard import figures
+from app.dashboard import figures, watch_page
 from app.dashboard.server import ASSETS
 from db import queries
+from db.memory_budget import measured_budget
 from db.queries import (
     gpu_series,
     kernel_stats,
@@ -58,6 +60,58 @@ def report_figures(db: Database, run_id: int) -> list[tuple[go.Figure, bool]]:
     return charts
 
 
+def watch_figures(db: Database, run_id: int) -> list[tuple[go.Figure, bool]]:
+    """A watch run's charts: cached blocks, duplication, and each /metrics source."""
+    data = watch_page.load(db, run_id)
+    labels = {s.source: s.label for s in data.sources}
+    return [
+        (watch_page.cached_blocks_figure(data.replay.cached_series, labels), True),
+        (watch_page.duplication_figure(data.replay.duplicate_series), True),
+        *((watch_page.engine_metrics_figure(series), True) for series in data.engines),
+    ]
+
+
+def _watch_tables(db: Database, run_id: int) -> str:
+    data = watch_page.load(db, run_id)
+    tables = (
+        ("Sources", watch_page.source_rows(data.sources)),
+        ("Blocks per source", watch_page.block_rows(data.stats)),
+        ("Duplicated KV across replicas", watch_page.duplication_rows(data.duplication)),
+        ("Largest shared prefixes", watch_page.prefix_rows(data.prefixes)),
+        ("Incidents", watch_page.incident_rows(data.incidents)),
+    )
+    return "".join(
+        f'<section class="card"><h3>{html.escape(title)}</h3>{_rows_table(rows)}</section>'
+        for title, rows in tables
+    )
+
+
+def _rows_table(rows: list[dict]) -> str:
+    if not rows:
+        return "<p>none</p>"
+    head = "".join(f"<th>{html.escape(str(k))}</th>" for k in rows[0])
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row.values()) + "</tr>"
+        for row in rows
+    )
+    return f'<table class="rows"><tr>{head}</tr>{body}</table>'
+
+
+def _budget(db: Database, run_id: int) -> str:
+    """The measured memory budget next to calc's prediction; nothing for runs without one."""
+    budget = measured_budget(db, run_id)
+    if budget is None:
+        return ""
+    title = (
+        f"Memory budget on {budget.device} ({budget.memory_fraction:.0%} of "
+        f"{budget.device_bytes / 2**30:,.1f} GiB)"
+    )
+    return (
+        f'<section class="card"><h3>{html.escape(title)}</h3>'
+        f'<div class="tiles">{_tiles(figures.budget_tiles(budget))}</div></section>'
+    )
+
+
 def _tiles(tiles: list[figures.Tile]) -> str:
     return "".join(
         f'<div class="tile"><div class="tile-label">{html.escape(t.label)}</div>'
@@ -77,7 +131,7 @@ def _config_rows(config: dict) -> str:
 def build_html(db: Database, run_id: int) -> str:
     """The report page for one run, as a string."""
     info = run_info(db, run_id)
-    summary = run_summary(db, run_id)
+    watched = info.kind == "watch"
     started = dt.datetime.fromtimestamp(info.started_at, dt.timezone.utc)
     charts = "".join(
         f'<div class="card{" wide" if wide else ""}">'
@@ -88,8 +142,15 @@ def build_html(db: Database, run_id: int) -> str:
             config={"displaylogo": False, "responsive": True},
         )
         + "</div>"
-        for fig, wide in report_figures(db, run_id)
+        for fig, wide in (watch_figures if watched else report_figures)(db, run_id)
     )
+    if watched:
+        summary = _watch_tables(db, run_id)
+    else:
+        summary = (
+            f'<section class="tiles">{_tiles(figures.summary_tiles(run_summary(db, run_id)))}'
+            f"</section>{_budget(db, run_id)}"
+        )
     title = f"kvscope run #{run_id}"
     subtitle = " · ".join(
         html.escape(str(part))
@@ -117,13 +178,15 @@ section {{ margin-bottom: 16px; }}
 table.config {{ border-collapse: collapse; font-size: 13px; }}
 table.config th {{ text-align: left; padding: 4px 16px 4px 8px; color: var(--muted); }}
 table.config td {{ font-family: ui-monospace, monospace; padding: 4px 8px; }}
+table.rows {{ border-collapse: collapse; font-size: 13px; }}
+table.rows th, table.rows td {{ text-align: left; padding: 4px 10px; border-bottom: 1px solid #e2e8f0; }}
 </style>
 <script>{get_plotlyjs()}</script>
 </head>
 <body>
 <header class="report"><h1>{title}</h1><p>{subtitle}</p></header>
 <main class="page">
-<section class="tiles">{_tiles(figures.summary_tiles(summary))}</section>
+{summary}
 <section class="grid">{charts}</section>
 <section class="card"><h3>Configuration</h3><table class="config">{_config_rows(info.config)}</table></section>
 </main>

@@ -3,6 +3,8 @@
 Both formats come from one list of tables, so they cannot disagree: the run's
 summary, its requests, and every row of its steps, kernels, GPU samples and
 events (payloads as JSON), each with ``t_s`` in seconds since the run's start.
+A watched deployment (run kind ``watch``) has its own tables instead: sources,
+blocks per source, duplication across replicas, shared prefixes and incidents.
 Large tables stream from SQLite to the file.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 from sqlite_utils import Database
 
 from db import queries
+from db import watch_queries as wq
 from db.formulas import KernelStat, RunSummary
 from db.queries import RequestRow, kernel_stats, requests_table, run_info, run_summary
 
@@ -31,6 +34,8 @@ def _dataclass_table(cls: type, items: list[Any]) -> Table:
 
 def run_tables(db: Database, run_id: int) -> dict[str, Table]:
     """Every table of the run, by file stem; rows are produced lazily."""
+    if run_info(db, run_id).kind == "watch":
+        return watch_tables(db, run_id)
     tables = {
         "summary": _dataclass_table(RunSummary, [run_summary(db, run_id)]),
         "requests": _dataclass_table(RequestRow, requests_table(db, run_id)),
@@ -39,6 +44,23 @@ def run_tables(db: Database, run_id: int) -> dict[str, Table]:
     for name in ("steps", "kernels", "gpu_samples", "events"):
         tables[name] = queries.raw_rows(db, run_id, name)
     return tables
+
+
+def watch_tables(db: Database, run_id: int) -> dict[str, Table]:
+    """A watched deployment's tables, as its dashboard page shows them."""
+    replay = wq.replay(db, run_id)
+    return {
+        "watch_sources": _dataclass_table(wq.WatchSource, wq.watch_sources(db, run_id)),
+        "watch_blocks": _dataclass_table(wq.BlockStats, wq.block_stats(replay)),
+        "watch_duplication": _dataclass_table(wq.Duplication, wq.duplication(db, run_id, replay)),
+        "watch_prefixes": _dataclass_table(wq.SharedPrefix, wq.prefix_tree(db, run_id)),
+        "watch_incidents": _dataclass_table(wq.Incident, wq.incidents(db, run_id)),
+    }
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell: mappings and lists (a source's cached blocks by medium) as JSON."""
+    return json.dumps(value) if isinstance(value, dict | list | tuple) else value
 
 
 def write_csv(db: Database, run_id: int, directory: Path) -> list[Path]:
@@ -50,7 +72,7 @@ def write_csv(db: Database, run_id: int, directory: Path) -> list[Path]:
         with path.open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(columns)
-            writer.writerows(rows)
+            writer.writerows([_cell(v) for v in row] for row in rows)
         written.append(path)
     return written
 

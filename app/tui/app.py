@@ -46,6 +46,7 @@ from app.tui.playback import Playback, default_speed
 from app.tui.requests_table import COLUMNS, RequestsTable
 from app.tui.run_picker import RunPicker
 from app.tui.timeline import Timeline
+from app.tui.watch_view import WatchView
 from db import queries
 from db.schema import RUNNING
 from engine.errors import KvscopeError
@@ -143,6 +144,9 @@ class KvscopeApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="runbar")
+        # A watched deployment (run kind ``watch``) has no steps or pages of
+        # kvscope's own: its view replaces the body and the timeline.
+        yield VerticalScroll(id="watch-body")
         with VerticalScroll(id="body"):
             with Horizontal(id="top"):
                 with Vertical(id="map-panel"):
@@ -280,12 +284,28 @@ class KvscopeApp(App[None]):
             self.playback.speed = default_speed(view.steps.end_s)
             if not self.follow:
                 self.playback.position_s = view.t_s
+        self._show_watch(view)
         for panel in self.query(Panel):
             panel.view = view
         self._show_page_map(view)
         self.query_one(RequestsTable).requests = tuple(view.requests)
         self._show_timeline()
         self._show_runbar()
+
+    def _show_watch(self, view: View) -> None:
+        """Mount the watch view for a watch run (once per run); show the engine body otherwise."""
+        watched = view.run.kind == "watch"
+        host = self.query_one("#watch-body", VerticalScroll)
+        if watched:
+            mounted = host.query(WatchView)
+            if not mounted or mounted.first().run_id != view.run.run_id:
+                host.remove_children()
+                host.mount(WatchView(self.db_path, view.run.run_id, id="watch"))
+        elif host.children:
+            host.remove_children()
+        host.display = watched
+        self.query_one("#body").display = not watched
+        self.query_one(Timeline).display = not watched
 
     def _show_page_map(self, view: View) -> None:
         page_map = self.query_one(PageGrid)

@@ -4,14 +4,24 @@ widget, checked against the query results they draw."""
 from __future__ import annotations
 
 import asyncio
+import csv
+import json
 
+from dash._callback_context import context_value
+from dash._utils import AttributeDict
 from rich.console import Console
 from textual.app import App, ComposeResult
 from watch_helpers import B
 
 from app.dashboard import watch_page
+from app.dashboard.layout import PAGES
+from app.dashboard.server import create_app
+from app.report.html import build_html
+from app.report.tables import write_csv, write_json
+from app.tui.app import KvscopeApp
 from app.tui.watch_view import WatchView, render, snapshot
 from db import watch_queries as q
+from db.source import reader
 
 
 def _text(renderable) -> str:
@@ -102,3 +112,81 @@ def test_watch_view_widget_loads_the_run(recording) -> None:
     view = asyncio.run(drive())
     assert view.snapshot is not None
     assert [s.endpoint for s in view.snapshot.sources] == ["tcp://a:1", "tcp://b:1", "tcp://c:1"]
+
+
+def test_tui_app_mounts_the_watch_view_for_a_watch_run(recording) -> None:
+    path, run_id = recording
+
+    async def drive() -> tuple[bool, bool, list[str]]:
+        app = KvscopeApp(path, run_id, follow=False)
+        async with app.run_test(size=(140, 50)) as pilot:
+            for _ in range(400):
+                views = app.query(WatchView)
+                if views and views.first().snapshot is not None:
+                    break
+                await pilot.pause(0.05)
+            view = app.query_one(WatchView)
+            return (
+                app.query_one("#body").display,
+                app.query_one("#watch-body").display,
+                [s.endpoint for s in view.snapshot.sources],
+            )
+
+    body, watch, endpoints = asyncio.run(drive())
+    assert (body, watch) == (False, True)
+    assert endpoints == ["tcp://a:1", "tcp://b:1", "tcp://c:1"]
+
+
+def _callback(app, output: str, *args, trigger: str = "run.value"):
+    """Call the dashboard callback that writes ``output`` as Dash would, outside a server."""
+    for key, spec in app.callback_map.items():
+        if output in key.strip(".").split("..."):
+            context_value.set(AttributeDict(triggered_inputs=[{"prop_id": trigger, "value": 1}]))
+            return spec["callback"].__wrapped__(*args)
+    raise KeyError(output)
+
+
+def _ids(component) -> set[str]:
+    found = {getattr(component, "id", None)}
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, list | tuple) else [children]:
+        if child is not None and not isinstance(child, str):
+            found |= _ids(child)
+    return found - {None}
+
+
+def test_dashboard_routes_a_watch_run_to_its_page(recording) -> None:
+    path, run_id = recording
+    app = create_app(path)
+    assert "nav-watch" in _ids(app.layout)
+    page, *classes = _callback(app, "page.children", "/watch", run_id)
+    assert "watch-content" in _ids(page)
+    assert classes[[key for key, _, _ in PAGES].index("watch")] == "nav-link active"
+    content = _callback(app, "watch-content.children", None, run_id)
+    assert {"watch-sources", "watch-blocks", "watch-prefixes"} <= _ids(content)
+    # Engine-only pages say they do not apply instead of erroring.
+    for path_ in ("/", "/kv-cache", "/long-context"):
+        (note, *_) = _callback(app, "page.children", path_, run_id)
+        assert note.children.startswith(f"Run #{run_id} is a watched deployment")
+
+
+def test_report_on_a_watch_run(recording, tmp_path) -> None:
+    path, run_id = recording
+    with reader(path) as db:
+        page = build_html(db, run_id)
+        written = write_csv(db, run_id, tmp_path / "csv")
+        document = json.loads(write_json(db, run_id, tmp_path / "r.json").read_text())
+    assert "Cached blocks by medium" in page and "Duplicated blocks across replicas" in page
+    assert "Largest shared prefixes" in page and "tcp://b:1" in page
+    assert {p.stem for p in written} == {
+        "watch_sources",
+        "watch_blocks",
+        "watch_duplication",
+        "watch_prefixes",
+        "watch_incidents",
+    }
+    blocks = document["tables"]["watch_blocks"]
+    assert (blocks[0]["stored"], blocks[0]["reannounced"], blocks[0]["recomputed"]) == (8, 1, 1)
+    with (tmp_path / "csv" / "watch_duplication.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["peak_extra_copies"]) for r in rows] == [0, 2]

@@ -1,0 +1,136 @@
+"""The dashboard's Sizing page: the throughput cliff for a model preset on a device preset.
+
+The numbers are ``kvscope calc cliff``'s own: the page parses the same flags
+with the CLI's parser and calls ``app.cliff.cliff_report`` and
+``cliff_figure``, so the chart and the command never disagree. It reads no
+database: any run (or none) shows it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+from dash import dcc, html
+
+from app.cliff import cliff_figure, cliff_report
+from app.dashboard.figures import FONT, Tile
+from engine.presets import DEVICES, MODELS
+from engine.sizing import KV_FORMATS
+
+PAGE = ("sizing", "Sizing", "/sizing")
+DEFAULTS = {"model": "llama3-8b", "device": "h100-80", "kv_dtype": "fp8_e4m3", "resident": 25}
+
+
+def cliff(model: str, device: str, kv_dtype: str, resident_pct: float | None) -> dict[str, Any]:
+    """``kvscope calc cliff --preset MODEL --device DEVICE --kv-dtype KV_DTYPE
+    [--resident-tokens PCT%]`` as a dict (its ``--json``)."""
+    from app.cli import build_parser  # the CLI's own flags and defaults
+
+    argv = ["calc", "cliff", "--preset", model, "--device", device, "--kv-dtype", kv_dtype]
+    if resident_pct:
+        argv += ["--resident-tokens", f"{resident_pct:g}%"]
+    return cliff_report(build_parser().parse_args(argv))
+
+
+def cliff_chart(report: dict[str, Any]) -> go.Figure:
+    """``cliff_figure`` in the dashboard's look."""
+    fig = cliff_figure(report)
+    fig.update_layout(
+        height=520,
+        font={"family": FONT, "size": 13},
+        margin={"l": 70, "r": 30, "t": 60, "b": 50},
+        legend={"orientation": "h", "y": -0.15},
+    )
+    return fig
+
+
+def cliff_tiles(report: dict[str, Any]) -> list[Tile]:
+    """The compute-bound batch, then each scenario's cliff and batch at input+output tokens."""
+    context = f"{report['input_tokens']:,}+{report['output_tokens']:,}"
+    tiles = [
+        Tile(
+            "compute-bound batch",
+            f"{report['compute_bound_batch']:,.0f}",
+            f"{report['tflops']:,g} TFLOP/s over {report['hbm_gbps']:,g} GB/s",
+        )
+    ]
+    for name, s in report["scenarios"].items():
+        length = s["cliff_context_len"]
+        tiles.append(
+            Tile(
+                name,
+                "no cliff" if length is None else f"cliff at {length:,}",
+                f"average batch {s['batch_at_input_output']:,} at {context} tokens",
+            )
+        )
+    return tiles
+
+
+def _dropdown(key: str, options: list[str], value: str) -> html.Div:
+    return html.Div(
+        className="control",
+        children=[
+            html.Label(key.replace("_", " "), htmlFor=f"sizing-{key}"),
+            dcc.Dropdown(
+                id=f"sizing-{key}",
+                options=options,
+                value=value,
+                clearable=False,
+                searchable=False,
+            ),
+        ],
+    )
+
+
+def layout() -> list:
+    """The controls, the headline tiles and the chart."""
+    return [
+        html.Div(
+            className="card wide controls",
+            children=[
+                html.H3("The throughput cliff (kvscope calc cliff)"),
+                html.Div(
+                    className="control-row",
+                    children=[
+                        _dropdown("model", list(MODELS), DEFAULTS["model"]),
+                        _dropdown("device", list(DEVICES), DEFAULTS["device"]),
+                        _dropdown(
+                            "kv_dtype",
+                            [k for k in KV_FORMATS if k != "fp16"],
+                            DEFAULTS["kv_dtype"],
+                        ),
+                        html.Div(
+                            className="control",
+                            children=[
+                                html.Label("InfLLM resident %", htmlFor="sizing-resident"),
+                                dcc.Slider(
+                                    id="sizing-resident",
+                                    min=0,
+                                    max=100,
+                                    step=5,
+                                    value=DEFAULTS["resident"],
+                                    marks={v: f"{v}%" for v in (0, 25, 50, 75, 100)},
+                                ),
+                            ],
+                        ),
+                    ],
+                ),
+                html.P(
+                    "0% resident: no InfLLM scenario. Budget: the device's memory minus weights "
+                    "and calc's default overhead; prompt:output 1024:1024.",
+                    className="hint",
+                ),
+            ],
+        ),
+        html.Div(id="sizing-tiles", className="tiles wide"),
+        html.Div(
+            className="card wide",
+            children=dcc.Graph(
+                id="sizing-cliff",
+                figure={"data": [], "layout": {}},
+                config={"displaylogo": False, "responsive": True},
+                className="graph",
+            ),
+        ),
+    ]

@@ -1,0 +1,66 @@
+"""Reads of the engine's measured memory budget (``MemoryBudgetMeasured``).
+
+The engine records one event at start-up in the generic events table: how it
+split device memory (weights, activations, framework overhead, KV cache) and
+what ``kvscope calc`` predicts for the KV cache on the same device. Runs
+recorded before the event existed have none: readers return None.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from db.source import Source, connection
+from engine.events import MemoryBudgetMeasured
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredBudget:
+    device: str
+    device_bytes: int
+    memory_fraction: float
+    weights_bytes: int
+    activation_bytes: int
+    overhead_bytes: int
+    kv_bytes: int
+    activations_measured: bool
+    overhead_measured: bool
+    predicted_kv_bytes: int
+
+    def terms(self) -> list[tuple[str, int, str]]:
+        """(term, bytes, how it was obtained) for the four terms of the budget,
+        then calc's predicted KV cache for the same device."""
+        return [
+            ("weights", self.weights_bytes, "measured"),
+            ("activations", self.activation_bytes, _how(self.activations_measured)),
+            ("framework overhead", self.overhead_bytes, _how(self.overhead_measured)),
+            ("KV cache", self.kv_bytes, "allocated"),
+            ("KV cache, calc predicts", self.predicted_kv_bytes, "kvscope calc"),
+        ]
+
+    @property
+    def kv_vs_prediction(self) -> float | None:
+        """The measured KV cache over calc's prediction (1.0: as predicted)."""
+        return self.kv_bytes / self.predicted_kv_bytes if self.predicted_kv_bytes else None
+
+
+def _how(measured: bool) -> str:
+    return "measured" if measured else "estimated"
+
+
+def measured_budget(source: Source, run_id: int) -> MeasuredBudget | None:
+    """The run's newest memory budget event, or None when it recorded none."""
+    with connection(source) as conn:
+        row = conn.execute(
+            "SELECT payload FROM events WHERE run_id = ? AND kind = ? ORDER BY ts_ns DESC LIMIT 1",
+            (run_id, MemoryBudgetMeasured.kind),
+        ).fetchone()
+    if row is None:
+        return None
+    p = json.loads(row[0])
+    names = MeasuredBudget.__dataclass_fields__
+    values = {name: p[name] for name in names}
+    for flag in ("activations_measured", "overhead_measured"):
+        values[flag] = bool(values[flag])  # SQLite's json_object stores booleans as 0/1
+    return MeasuredBudget(**values)
