@@ -26,13 +26,32 @@ class Retrieval:
     offloaded_bytes: int
 
 
-def retrievals(source: Source, run_id: int, request_id: int | None = None) -> list[Retrieval]:
-    """A run's retrieval events in step order (one request's, when given)."""
+def has_retrievals(source: Source, run_id: int) -> bool:
+    """Whether the run recorded any retrieval (an infllm run with distant blocks)."""
+    with connection(source) as conn:
+        row = conn.execute(
+            "SELECT 1 FROM events WHERE run_id = ? AND kind = ? LIMIT 1",
+            (run_id, InfLLMRetrieval.kind),
+        ).fetchone()
+    return row is not None
+
+
+def retrievals(
+    source: Source,
+    run_id: int,
+    request_id: int | None = None,
+    window_ns: tuple[int, int] | None = None,
+) -> list[Retrieval]:
+    """A run's retrieval events in step order (one request's, when given; those
+    stamped within ``window_ns``, monotonic ns, when given: what the TUI shows)."""
     sql = "SELECT step, request_id, payload FROM events WHERE run_id = ? AND kind = ?"
     params: list = [run_id, InfLLMRetrieval.kind]
     if request_id is not None:
         sql += " AND request_id = ?"
         params.append(request_id)
+    if window_ns is not None:
+        sql += " AND ts_ns BETWEEN ? AND ?"
+        params += window_ns
     with connection(source) as conn:
         rows = conn.execute(sql + " ORDER BY step, ts_ns", params).fetchall()
     out = []

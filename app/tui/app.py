@@ -38,6 +38,7 @@ from app.tui.panels import (
     churn_text,
     fragmentation_text,
     gpu_text,
+    infllm_text,
     kernels_table,
     prefix_text,
     throughput_text,
@@ -159,6 +160,12 @@ class KvscopeApp(App[None]):
                 yield Panel("Fragmentation", fragmentation_text, id="fragmentation")
                 yield Panel("Eviction · offload · preemption", churn_text, id="churn")
                 yield Panel("GPU", gpu_text, id="gpu")
+            # InfLLM runs only: the selected request's retrievals.
+            yield Panel(
+                "InfLLM retrieval · distant blocks x recent steps",
+                lambda view, width: infllm_text(view, width, self.selected_request),
+                id="infllm",
+            )
             with Horizontal(id="bottom"):
                 yield RequestsTable(id="requests")
                 yield Panel("Kernels", lambda view, width: kernels_table(view), id="kernels")
@@ -285,6 +292,7 @@ class KvscopeApp(App[None]):
             if not self.follow:
                 self.playback.position_s = view.t_s
         self._show_watch(view)
+        self.query_one("#infllm").display = view.retrievals is not None
         for panel in self.query(Panel):
             panel.view = view
         self._show_page_map(view)
@@ -355,6 +363,7 @@ class KvscopeApp(App[None]):
 
     def watch_selected_request(self, request_id: int | None) -> None:
         self.query_one(PageGrid).selected = request_id
+        self.query_one("#infllm").refresh()
         if self.view is not None:
             self._show_legend()
         table = self.query_one(RequestsTable)

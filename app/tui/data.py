@@ -19,6 +19,8 @@ import numpy as np
 from db import queries
 from db.events import CHURN_KINDS, Counters, counters, events_per_bucket
 from db.formulas import KernelStat
+from db.infllm import Retrieval, has_retrievals, retrievals
+from db.memory_budget import MeasuredBudget, measured_budget
 from db.pages import PageSnapshot, owners_at, page_map_at, tree_pages
 from db.requests import RequestState, requests_at
 from db.runs import RunInfo, newest_run, run_info
@@ -54,6 +56,9 @@ class View:
     requests: list[RequestState] = field(default_factory=list)
     kernels: list[KernelStat] = field(default_factory=list)
     gpu: list[GpuPoint] = field(default_factory=list)
+    budget: MeasuredBudget | None = None  # None: recorded before the engine measured it
+    # InfLLM: None when the run has no retrievals; else those of the history window.
+    retrievals: list[Retrieval] | None = None
 
     @property
     def t_s(self) -> float:
@@ -161,4 +166,14 @@ class RunReader:
             requests=requests_at(conn, at, t, pages),
             kernels=queries.kernel_stats(conn, run_id, until_s=t),
             gpu=queries.gpu_series(conn, run_id, HISTORY_POINTS, since, t),
+            budget=measured_budget(conn, run_id),
+            retrievals=(
+                [
+                    r
+                    for r in retrievals(conn, run_id, window_ns=(history_lo, at.ts_ns))
+                    if r.step <= at.step
+                ]
+                if has_retrievals(conn, run_id)
+                else None
+            ),
         )

@@ -50,6 +50,16 @@ def gib(value: float | None) -> str:
     return MISSING if value is None else f"{value / 2**30:.1f} GiB"
 
 
+def size(value: float | None) -> str:
+    """Bytes, compact in binary units (80.6K, 414M, 19.7G)."""
+    if value is None:
+        return MISSING
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if value >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.0f}B"
+
+
 def number(value: float | None, digits: int = 2) -> str:
     """A plain float (TFLOP/s, GB/s, watts)."""
     return MISSING if value is None else f"{value:.{digits}f}"

@@ -1,4 +1,5 @@
-"""The figure panels: fragmentation, prefix cache, churn, kernels, GPU, throughput.
+"""The figure panels: fragmentation, prefix cache, churn, kernels, GPU (and the
+measured memory budget), throughput, InfLLM retrieval.
 
 Each panel is a pure function of a ``View`` and a width, so tests check the
 figures without a terminal, and a widget that repaints when its view changes.
@@ -20,6 +21,7 @@ from app.tui.data import View
 from db import formulas
 from db.events import CHURN_KINDS
 from db.kernels import device_peaks
+from db.memory_budget import MeasuredBudget
 
 LABEL_STYLE = "#8c9bb0"
 VALUE_STYLE = "bold #e5e9f0"
@@ -191,8 +193,34 @@ def kernels_table(view: View) -> RenderableType:
     return table
 
 
+def budget_text(budget: MeasuredBudget) -> Text:
+    """The measured memory budget's four terms (weights, activations, framework
+    overhead, KV cache) and calc's KV prediction, on one line."""
+    text = Text()
+    text.append("budget ", LABEL_STYLE)
+    for label, n in (
+        ("W", budget.weights_bytes),
+        ("A", budget.activation_bytes),
+        ("O", budget.overhead_bytes),
+        ("KV", budget.kv_bytes),
+    ):
+        text.append(f"{label} ", LABEL_STYLE)
+        text.append(f"{fmt.size(n)} ", VALUE_STYLE)
+    text.append(f"(calc {fmt.size(budget.predicted_kv_bytes)})", NOTE_STYLE)
+    return text
+
+
 def gpu_text(view: View, width: int) -> Text:
-    """Utilization, memory and power of the device the run used, or N/A without one."""
+    """Utilization, memory and power of the device the run used, or N/A without one;
+    then the measured memory budget when the run recorded it."""
+    text = _gpu_lines(view, width)
+    if view.budget is not None:
+        text.append("\n")
+        text.append_text(budget_text(view.budget))
+    return text
+
+
+def _gpu_lines(view: View, width: int) -> Text:
     if not view.gpu:
         return Text("N/A (no GPU)", style=NOTE_STYLE)
     last, text = view.gpu[-1], Text()
@@ -220,6 +248,57 @@ def gpu_text(view: View, width: int) -> Text:
         width,
         [p.power_w for p in view.gpu],
     )
+    return text
+
+
+# Shades of a block x step cell by the layers that attended the block (none to all).
+SHADES = " ░▒▓█"
+STRIP_ROWS = 8
+
+
+def infllm_request(view: View, selected: int | None) -> int | None:
+    """The request the strip shows: the selected one, else the one with most retrieval steps."""
+    rows = view.retrievals or []
+    steps: dict[int, int] = {}
+    for r in rows:
+        steps[r.request_id] = steps.get(r.request_id, 0) + 1
+    if selected in steps:
+        return selected
+    return max(steps, key=lambda rid: (steps[rid], -rid)) if steps else None
+
+
+def infllm_text(view: View, width: int, selected: int | None = None) -> Text:
+    """For one request: which distant blocks its recent steps attended (a block x step
+    strip, rows of blocks, one column per step, darker = more layers) and its resident
+    vs offloaded KV bytes at the newest step."""
+    request = infllm_request(view, selected)
+    if request is None:
+        return Text("no retrievals in the recent steps", style=NOTE_STYLE)
+    mine = [r for r in view.retrievals or [] if r.request_id == request]
+    last = mine[-1]
+    text = Text()
+    text.append(f"request {request}  ", VALUE_STYLE)
+    text.append("resident ", LABEL_STYLE)
+    text.append(fmt.size(last.resident_bytes), VALUE_STYLE)
+    text.append("  offloaded ", LABEL_STYLE)
+    text.append(fmt.size(last.offloaded_bytes), VALUE_STYLE)
+    text.append(f"  {last.blocks_total} distant blocks", NOTE_STYLE)
+    label_width = 8
+    room = max(1, width - label_width - 1)
+    columns = mine[-room:]
+    cell = min(3, room // len(columns))  # wider cells while the strip is short
+    blocks = max(r.blocks_total for r in columns)
+    per_row = -(-blocks // STRIP_ROWS)
+    layers = max((n for r in columns for n in r.chosen.values()), default=1)
+    for lo in range(0, blocks, per_row):
+        hi = min(blocks, lo + per_row)
+        text.append("\n")
+        text.append(f"{lo}-{hi - 1}".rjust(label_width - 1) + " ", LABEL_STYLE)
+        for r in columns:
+            attended = max((r.chosen.get(b, 0) for b in range(lo, hi)), default=0)
+            shade = SHADES[-(-attended * (len(SHADES) - 1) // layers)] if attended else "·"
+            text.append(shade * cell, SPARK_STYLE)
+    text.append(f"\nsteps {columns[0].step}-{columns[-1].step} →", NOTE_STYLE)
     return text
 
 

@@ -1,0 +1,40 @@
+"""A short recorded InfLLM run of the tiny model, for the front-end tests: two long
+prompts whose distant blocks leave the device, so every step records retrievals
+(and the engine's measured memory budget)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tiny_model import VOCAB, tiny_loaded
+
+from engine.engine import Engine
+from engine.engine_config import EngineConfig
+from engine.events import EventBus
+from engine.sampler import SamplingParams
+from profiler.recorder import Recorder
+
+
+def record_infllm(path: Path) -> int:
+    """Record the run into ``path``; returns its run id (about 2 s)."""
+    bus = EventBus()
+    config = EngineConfig(
+        page_size=4,
+        kv_budget_bytes=1 << 20,
+        max_batched_tokens=32,
+        attention_mode="infllm",
+        infllm_initial_tokens=8,
+        infllm_local_tokens=16,
+        infllm_block_pages=2,
+        infllm_topk_blocks=3,
+    )
+    engine = Engine(config, bus=bus, loaded=tiny_loaded(max_position=1024))
+    recorder = Recorder(path, {"test": True}, model="tiny")
+    bus.subscribe(recorder.on_event)
+    recorder.start()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (220, 120)]
+    engine.generate(prompts, SamplingParams(max_tokens=12))
+    recorder.finish("complete")
+    return recorder.run_id
