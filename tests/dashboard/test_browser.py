@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from infllm_recording import record_infllm
 
 from app.dashboard.layout import PAGES
 from app.dashboard.screenshots import DEMO_CONFIG, VIEWPORT, wait_for_graphs
 from app.dashboard.server import Server, create_app
+from app.watch_demo import record_watch_demo
 from engine.events import RequestArrived, StepSummary, now_ns
 from profiler.recorder import Recorder
 from profiler.synthetic import SyntheticRun, record_synthetic
@@ -22,7 +24,9 @@ GRAPHS = {
     "kernels": 3,
     "gpu": 1,
     "requests": 1,
+    "long-context": 2,  # drawn empty, with the run's note, for a run without InfLLM
     "compare": 4,
+    "sizing": 1,
 }
 
 
@@ -60,7 +64,7 @@ def _open(page, server, path: str) -> int:
     return wait_for_graphs(page)
 
 
-@pytest.mark.parametrize(("key", "path"), [(key, path) for key, _, path in PAGES])
+@pytest.mark.parametrize(("key", "path"), [(key, path) for key, _, path in PAGES if key in GRAPHS])
 def test_every_page_loads_and_draws(page, live, key, path):
     server, _, _ = live
     assert _open(page, server, path) == GRAPHS[key]
@@ -142,4 +146,63 @@ def test_requests_filter_runs_on_the_server(page, live):
         "() => document.querySelectorAll('#requests-table td[data-dash-column=request_id]').length === 3"
     )
     assert cells.all_inner_texts() == ["0", "1", "2"]
+    assert page.errors == []
+
+
+@pytest.fixture(scope="module")
+def watched_and_infllm(tmp_path_factory):
+    """A recorded watch of four synthetic vLLM ranks (#1) and a tiny-model InfLLM run (#2)."""
+    path = tmp_path_factory.mktemp("watched") / "runs.db"
+    watch_id = record_watch_demo(path, requests=60, seconds=1.0)
+    infllm_id = record_infllm(path)
+    server = Server(create_app(path, refresh_ms=60_000), port=0).start()
+    yield server, watch_id, infllm_id
+    server.stop()
+
+
+def _choose_run(page, run_id: int) -> None:
+    page.locator("#run").click()
+    page.get_by_text(f"#{run_id} ", exact=False).last.click()
+
+
+def test_watch_page_draws_a_watch_run(page, watched_and_infllm):
+    server, watch_id, _ = watched_and_infllm
+    page.goto(server.url.rstrip("/") + "/watch")
+    _choose_run(page, watch_id)
+    page.wait_for_selector("#watch-sources td")
+    assert wait_for_graphs(page) == 2  # cached blocks by medium, duplication (no /metrics)
+    assert page.locator("#watch-sources tr:has(td)").count() == 4
+    assert page.locator("#watch-duplication td").filter(has_text="vllm").count() == 1
+    page.locator("#nav-kv-cache").click()
+    page.wait_for_selector(f"text=Run #{watch_id} is a watched deployment")
+    assert page.errors == []
+
+
+def test_long_context_page_draws_an_infllm_run(page, watched_and_infllm):
+    server, _, infllm_id = watched_and_infllm
+    page.goto(server.url.rstrip("/") + "/long-context")
+    _choose_run(page, infllm_id)
+    # First the request with the most retrieval steps, then the one chosen.
+    page.wait_for_selector("#long-context-heatmap .gtitle >> text=InfLLM retrieval, request 0")
+    page.locator("#long-context-request").click()
+    page.get_by_text("request 1", exact=True).click()
+    page.wait_for_selector("#long-context-heatmap .gtitle >> text=InfLLM retrieval, request 1")
+    assert wait_for_graphs(page) == 2
+    assert page.locator("#long-context-heatmap .heatmaplayer").count() == 1
+    assert page.locator("#long-context-note").inner_text() == ""
+    assert page.errors == []
+
+
+def test_sizing_page_follows_its_controls(page, live):
+    server, _, _ = live
+    _open(page, server, "/sizing")
+    assert page.locator("#sizing-tiles .tile").count() == 5
+    first = page.locator("#sizing-tiles .tile-value").nth(0).inner_text()
+    page.locator("#sizing-device").click()
+    page.get_by_text("h200-141", exact=True).click()
+    page.wait_for_function(
+        "(before) => document.querySelector('#sizing-tiles .tile-value').innerText !== before",
+        arg=first,
+    )
+    assert page.locator(".gtitle").filter(has_text="on h200-141").count() == 1
     assert page.errors == []
