@@ -35,6 +35,26 @@ from engine.events import (
 FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
 TIME_AXIS = "time since start (s)"
 
+# Every table of the dashboard (DataTable keyword arguments).
+TABLE_STYLE = {
+    "style_table": {"overflowX": "auto"},
+    "style_cell": {
+        "fontFamily": FONT,
+        "fontSize": "13px",
+        "padding": "6px 10px",
+        "textAlign": "left",
+        "border": "none",
+        "borderBottom": "1px solid #e2e8f0",
+    },
+    "style_header": {
+        "fontWeight": "600",
+        "backgroundColor": "#f8fafc",
+        "color": "#475569",
+        "borderBottom": "2px solid #cbd5e1",
+    },
+    "style_cell_conditional": [{"if": {"column_type": "numeric"}, "textAlign": "right"}],
+}
+
 # One colour per quantity, the same on every page.
 COLORS = {
     "prefill": "#f59e0b",

@@ -11,7 +11,7 @@ from pathlib import Path
 from dash import dash_table, dcc, html
 
 from app.dashboard import long_context_page, sizing_page, watch_page
-from app.dashboard.figures import FONT, Tile
+from app.dashboard.figures import TABLE_STYLE, Tile
 
 # (key, label, path): the key prefixes every component id on the page.
 PAGES = (
@@ -37,25 +37,6 @@ ENGINE_PAGES = frozenset(
 
 # Requests per page of the requests table (paged server-side).
 REQUESTS_PAGE_SIZE = 20
-
-TABLE_STYLE = {
-    "style_table": {"overflowX": "auto"},
-    "style_cell": {
-        "fontFamily": FONT,
-        "fontSize": "13px",
-        "padding": "6px 10px",
-        "textAlign": "left",
-        "border": "none",
-        "borderBottom": "1px solid #e2e8f0",
-    },
-    "style_header": {
-        "fontWeight": "600",
-        "backgroundColor": "#f8fafc",
-        "color": "#475569",
-        "borderBottom": "2px solid #cbd5e1",
-    },
-    "style_cell_conditional": [{"if": {"column_type": "numeric"}, "textAlign": "right"}],
-}
 
 
 def shell(db_path: Path, refresh_ms: int) -> html.Div:

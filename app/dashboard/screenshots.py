@@ -76,8 +76,14 @@ def demo_database(path: Path) -> list[int]:
     return runs
 
 
-def capture(db_path: Path, out_dir: Path, pages: Sequence[str] | None = None) -> list[Path]:
-    """Serve ``db_path`` on a free local port and save each page as PNG."""
+def capture(
+    db_path: Path,
+    out_dir: Path,
+    pages: Sequence[str] | None = None,
+    skip: Sequence[str] = (),
+) -> list[Path]:
+    """Serve ``db_path`` on a free local port and save each page (of ``pages``, all by
+    default, less ``skip``) as PNG, showing the newest run."""
     from playwright.sync_api import sync_playwright
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +94,7 @@ def capture(db_path: Path, out_dir: Path, pages: Sequence[str] | None = None) ->
             browser = launch(playwright)
             page = browser.new_page(viewport=VIEWPORT, device_scale_factor=1)
             for key, _, path in PAGES:
-                if pages and key not in pages:
+                if (pages and key not in pages) or key in skip:
                     continue
                 page.goto(server.url.rstrip("/") + path)
                 wait_for_graphs(page)

@@ -8,6 +8,7 @@ database: any run (or none) shows it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import plotly.graph_objects as go
@@ -34,8 +35,18 @@ def cliff(model: str, device: str, kv_dtype: str, resident_pct: float | None) ->
 
 
 def cliff_chart(report: dict[str, Any]) -> go.Figure:
-    """``cliff_figure`` in the dashboard's look."""
+    """``cliff_figure`` in the dashboard's look.
+
+    Both of its axes are logarithmic, where plotly places annotations in log10
+    units (shapes in data units): the labels of the cliff lines and of the
+    compute-bound line are moved to where their lines are.
+    """
     fig = cliff_figure(report)
+    for note in fig.layout.annotations:
+        if note.xref == "x" and note.x:
+            note.x = math.log10(note.x)
+        if note.yref == "y" and note.y:
+            note.y = math.log10(note.y)
     fig.update_layout(
         height=520,
         font={"family": FONT, "size": 13},

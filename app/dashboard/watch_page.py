@@ -15,11 +15,14 @@ import plotly.graph_objects as go
 from dash import dash_table, dcc, html
 from plotly.subplots import make_subplots
 
+from app.dashboard.figures import TABLE_STYLE
 from db import watch_queries as q
 
 PAGE = ("watch", "Watched deployment", "/watch")
 TIME_AXIS = "time since start (s)"
-MEDIUM_COLORS = {"GPU": "#2563eb", "CPU": "#f59e0b", "CPU_PINNED": "#f59e0b", "STORAGE": "#7c3aed"}
+# A source's lines share its colour; the medium is the line's dash.
+MEDIUM_DASH = {"GPU": "solid", "CPU": "dot", "CPU_PINNED": "dot", "STORAGE": "dash"}
+SOURCE_COLORS = ("#2563eb", "#f59e0b", "#0d9488", "#e11d48", "#7c3aed", "#64748b", "#db2777")
 
 
 def _figure(title: str, y_title: str, height: int = 320) -> go.Figure:
@@ -58,7 +61,11 @@ def cached_blocks_figure(
             y=[p.blocks for p in pts],
             name=name,
             mode="lines",
-            line={"shape": "hv", "color": MEDIUM_COLORS.get(medium or "")},
+            line={
+                "shape": "hv",
+                "color": SOURCE_COLORS[source % len(SOURCE_COLORS)],
+                "dash": MEDIUM_DASH.get(medium or "", "dashdot"),
+            },
         )
     return fig
 
@@ -229,7 +236,9 @@ def load(source: q.Source, run_id: int) -> WatchPageData:
 
 def _table(rows: list[dict], table_id: str) -> dash_table.DataTable:
     columns = [{"name": name, "id": name} for name in (rows[0] if rows else {})]
-    return dash_table.DataTable(id=table_id, data=rows, columns=columns, page_size=20)
+    return dash_table.DataTable(
+        id=table_id, data=rows, columns=columns, page_size=20, **TABLE_STYLE
+    )
 
 
 def layout(data: WatchPageData) -> html.Div:

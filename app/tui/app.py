@@ -352,7 +352,8 @@ class KvscopeApp(App[None]):
             if run.model and run.model != run.kind:
                 text.append(f" · {Path(run.model).name}", style="#c0c8d4")
             text.append(f" · {run.status}", style="#edc948" if run.status == RUNNING else "#8c9bb0")
-            text.append(f" · {fmt.count(run.requests)} requests", style="#c0c8d4")
+            if run.kind != "watch":  # a watched deployment's requests are not recorded
+                text.append(f" · {fmt.count(run.requests)} requests", style="#c0c8d4")
         text.append(f"  {self.db_path.name}", style="#6b7385")
         for note in (self._read_note, self._job_note):
             if note:

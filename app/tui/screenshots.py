@@ -18,6 +18,7 @@ from pathlib import Path
 
 from app.tui.app import KvscopeApp
 from app.tui.data import check_database
+from app.tui.watch_view import WatchView
 from db import queries, series
 from engine.errors import KvscopeError
 
@@ -27,6 +28,9 @@ SHOTS = (
     ("tui-help", (140, 42), ("question_mark",)),
     ("tui-80x24", (80, 24), ()),
 )
+# An InfLLM run: tall enough for the retrieval strip under the panels.
+INFLLM_SHOTS = (("tui-infllm", (140, 56), ()),)
+WATCH_SHOT = ("tui-watch", (140, 48))
 
 
 def busiest_step(path: Path, run_id: int) -> int:
@@ -52,8 +56,32 @@ async def _shoot(
         app.save_screenshot(svg.name, str(svg.parent))
 
 
-def shoot(path: Path, run_id: int | None, out: Path) -> list[Path]:
-    """Write every picture of SHOTS for ``run_id`` (default: the newest) into ``out``."""
+async def _shoot_watch(path: Path, run_id: int, size: tuple[int, int], svg: Path) -> None:
+    app = KvscopeApp(path, run_id=run_id, follow=False)
+    async with app.run_test(size=size) as pilot:
+        while not app.query(WatchView) or app.query_one(WatchView).snapshot is None:
+            await pilot.pause(0.05)
+        await pilot.pause(0.3)
+        app.save_screenshot(svg.name, str(svg.parent))
+
+
+def _png(svg: Path, png: Path) -> Path:
+    subprocess.run(["rsvg-convert", "--zoom", "1.5", str(svg), "-o", str(png)], check=True)
+    return png
+
+
+def shoot_watch(path: Path, run_id: int, out: Path) -> Path:
+    """The picture of a watch run (kind ``watch``: no steps to pick, the newest state)."""
+    name, size = WATCH_SHOT
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        svg = Path(tmp) / f"{name}.svg"
+        asyncio.run(_shoot_watch(path, run_id, size, svg))
+        return _png(svg, out / f"{name}.png")
+
+
+def shoot(path: Path, run_id: int | None, out: Path, shots: tuple = SHOTS) -> list[Path]:
+    """Write every picture of ``shots`` for ``run_id`` (default: the newest) into ``out``."""
     if shutil.which("rsvg-convert") is None:
         raise KvscopeError("rsvg-convert not found: apt-get install librsvg2-bin")
     check_database(path, run_id)
@@ -62,12 +90,10 @@ def shoot(path: Path, run_id: int | None, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, size, keys in SHOTS:
+        for name, size, keys in shots:
             svg = Path(tmp) / f"{name}.svg"
             asyncio.run(_shoot(path, run_id, step, size, keys, svg))
-            png = out / f"{name}.png"
-            subprocess.run(["rsvg-convert", "--zoom", "1.5", str(svg), "-o", str(png)], check=True)
-            written.append(png)
+            written.append(_png(svg, out / f"{name}.png"))
     return written
 
 
