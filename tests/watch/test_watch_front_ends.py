@@ -7,6 +7,7 @@ import asyncio
 import csv
 import json
 
+import pytest
 from dash._callback_context import context_value
 from dash._utils import AttributeDict
 from rich.console import Console
@@ -114,11 +115,13 @@ def test_watch_view_widget_loads_the_run(recording) -> None:
     assert [s.endpoint for s in view.snapshot.sources] == ["tcp://a:1", "tcp://b:1", "tcp://c:1"]
 
 
-def test_tui_app_mounts_the_watch_view_for_a_watch_run(recording) -> None:
+@pytest.mark.parametrize("follow", [False, True])
+def test_tui_app_mounts_the_watch_view_for_a_watch_run(recording, follow: bool) -> None:
+    """``kvscope tui DB --run N`` and ``--follow`` (the newest run) on a watch run."""
     path, run_id = recording
 
     async def drive() -> tuple[bool, bool, list[str]]:
-        app = KvscopeApp(path, run_id, follow=False)
+        app = KvscopeApp(path, run_id if not follow else None, follow=follow)
         async with app.run_test(size=(140, 50)) as pilot:
             for _ in range(400):
                 views = app.query(WatchView)
