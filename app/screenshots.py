@@ -20,6 +20,7 @@ from pathlib import Path
 from app.dashboard import screenshots as dash_shots
 from app.tui import screenshots as tui_shots
 from app.watch_demo import record_watch_demo
+from db.infllm import retrievals
 
 OUT = Path("screenshots")
 
@@ -59,7 +60,9 @@ def main() -> int:
         watch = Path(tmp) / "watch.db"
         watch_run = record_watch_demo(watch)
         tui_shots.main(["--db", str(db), "--out", str(OUT)])
-        tui_shots.shoot(infllm, None, OUT, tui_shots.INFLLM_SHOTS)
+        # The last step with retrievals: the strip covers every step before it.
+        last = max(r.step for r in retrievals(infllm, 1))
+        tui_shots.shoot(infllm, 1, OUT, tui_shots.INFLLM_SHOTS, step=last)
         tui_shots.shoot_watch(watch, watch_run, OUT)
         dash_shots.capture(db, OUT, skip=("long-context", "watch"))
         dash_shots.capture(infllm, OUT, pages=("long-context",))

@@ -197,7 +197,7 @@ def budget_text(budget: MeasuredBudget) -> Text:
     """The measured memory budget's four terms (weights, activations, framework
     overhead, KV cache) and calc's KV prediction, on one line."""
     text = Text()
-    text.append("budget ", LABEL_STYLE)
+    text.append("mem ", LABEL_STYLE)
     for label, n in (
         ("W", budget.weights_bytes),
         ("A", budget.activation_bytes),
@@ -206,7 +206,7 @@ def budget_text(budget: MeasuredBudget) -> Text:
     ):
         text.append(f"{label} ", LABEL_STYLE)
         text.append(f"{fmt.size(n)} ", VALUE_STYLE)
-    text.append(f"(calc {fmt.size(budget.predicted_kv_bytes)})", NOTE_STYLE)
+    text.append(f"calc {fmt.size(budget.predicted_kv_bytes)}", NOTE_STYLE)
     return text
 
 
@@ -280,9 +280,9 @@ def infllm_text(view: View, width: int, selected: int | None = None) -> Text:
     text.append(f"request {request}  ", VALUE_STYLE)
     text.append("resident ", LABEL_STYLE)
     text.append(fmt.size(last.resident_bytes), VALUE_STYLE)
-    text.append("  offloaded ", LABEL_STYLE)
+    text.append("   offloaded ", LABEL_STYLE)
     text.append(fmt.size(last.offloaded_bytes), VALUE_STYLE)
-    text.append(f"  {last.blocks_total} distant blocks", NOTE_STYLE)
+    text.append(f"   {last.blocks_total} distant blocks", NOTE_STYLE)
     label_width = 8
     room = max(1, width - label_width - 1)
     columns = mine[-room:]

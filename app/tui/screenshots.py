@@ -80,13 +80,16 @@ def shoot_watch(path: Path, run_id: int, out: Path) -> Path:
         return _png(svg, out / f"{name}.png")
 
 
-def shoot(path: Path, run_id: int | None, out: Path, shots: tuple = SHOTS) -> list[Path]:
-    """Write every picture of ``shots`` for ``run_id`` (default: the newest) into ``out``."""
+def shoot(
+    path: Path, run_id: int | None, out: Path, shots: tuple = SHOTS, step: int | None = None
+) -> list[Path]:
+    """Write every picture of ``shots`` for ``run_id`` (default: the newest) into ``out``,
+    at ``step`` (default: the busiest step)."""
     if shutil.which("rsvg-convert") is None:
         raise KvscopeError("rsvg-convert not found: apt-get install librsvg2-bin")
     check_database(path, run_id)
     run_id = run_id if run_id is not None else queries.list_runs(path)[0].run_id
-    step = busiest_step(path, run_id)
+    step = busiest_step(path, run_id) if step is None else step
     out.mkdir(parents=True, exist_ok=True)
     written = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -60,7 +60,7 @@ def test_budget_line(infllm_run):
     b = view.budget
     assert b is not None and b.kv_bytes == 1 << 20  # the configured KV budget
     line = budget_text(b).plain
-    assert line.startswith("budget W ") and "KV 1M" in line
+    assert line.startswith("mem W ") and "KV 1M" in line and "calc " in line
     assert gpu_text(view, 46).plain.splitlines() == ["N/A (no GPU)", line]
 
 
