@@ -60,9 +60,11 @@ def main() -> int:
         watch = Path(tmp) / "watch.db"
         watch_run = record_watch_demo(watch)
         tui_shots.main(["--db", str(db), "--out", str(OUT)])
-        # The last step with retrievals: the strip covers every step before it.
-        last = max(r.step for r in retrievals(infllm, 1))
-        tui_shots.shoot(infllm, 1, OUT, tui_shots.INFLLM_SHOTS, step=last)
+        # Halfway through the retrievals: requests still hold pages, and the
+        # strip has the steps before it.
+        steps = [r.step for r in retrievals(infllm, 1)]
+        middle = (min(steps) + max(steps)) // 2
+        tui_shots.shoot(infllm, 1, OUT, tui_shots.INFLLM_SHOTS, step=middle)
         tui_shots.shoot_watch(watch, watch_run, OUT)
         dash_shots.capture(db, OUT, skip=("long-context", "watch"))
         dash_shots.capture(infllm, OUT, pages=("long-context",))

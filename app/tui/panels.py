@@ -279,10 +279,11 @@ def infllm_text(view: View, width: int, selected: int | None = None) -> Text:
     text = Text()
     text.append(f"request {request}  ", VALUE_STYLE)
     text.append("resident ", LABEL_STYLE)
-    text.append(fmt.size(last.resident_bytes), VALUE_STYLE)
-    text.append("   offloaded ", LABEL_STYLE)
-    text.append(fmt.size(last.offloaded_bytes), VALUE_STYLE)
-    text.append(f"   {last.blocks_total} distant blocks", NOTE_STYLE)
+    # Gaps end the span before them: an SVG screenshot drops a span's leading spaces.
+    text.append(f"{fmt.size(last.resident_bytes)}  ", VALUE_STYLE)
+    text.append("offloaded ", LABEL_STYLE)
+    text.append(f"{fmt.size(last.offloaded_bytes)}  ", VALUE_STYLE)
+    text.append(f"{last.blocks_total} distant blocks", NOTE_STYLE)
     label_width = 8
     room = max(1, width - label_width - 1)
     columns = mine[-room:]
