@@ -1,7 +1,7 @@
 """InfLLM views: which distant blocks each step attended, and resident vs offloaded KV.
 
 Pure figure builders over ``db.infllm.retrievals`` rows, in the dashboard's
-shared look; the lead registers them as panels (see docs/infllm.md).
+shared look; the Long context page (``long_context_page``) draws them.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ LABELS = {key: label for key, label, _ in PAGES}
 # ``watch``) has no steps, pages or kernels of its own.
 ENGINE_PAGES = frozenset(
     ("overview", "kv-cache", "prefix-cache", "eviction", "kernels", "gpu", "requests")
-) | {long_context_page.PAGE[0]}
+    + (long_context_page.PAGE[0],)
+)
 
 # Requests per page of the requests table (paged server-side).
 REQUESTS_PAGE_SIZE = 20
