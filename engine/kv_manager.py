@@ -243,10 +243,10 @@ class KVCacheManager:
             f"page {wrong[0]}: refcount {self.pool.refcount[wrong[0]]}, "
             f"holders {by_requests[wrong[0]] + by_cache[wrong[0]]}"
         )
-        used_by_cache_only = int((by_requests == 0).sum()) - self.pool.num_free
-        assert self.occupancy() == (int(fill.sum()), used_by_cache_only), (
-            "step-summary occupancy differs from the page-by-page count"
-        )
+        assert self.occupancy() == (
+            int(fill.sum()),
+            int((by_requests == 0).sum() - self.pool.num_free),
+        ), "step-summary occupancy differs from the page-by-page count"
         if self.host is not None:
             held = self.prefix.host_slots() if self.prefix is not None else set()
             if self.infllm is not None:
