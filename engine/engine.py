@@ -178,6 +178,7 @@ class Engine:
             )
         self.scheduler = Scheduler(self.config, self.kv)
         self.step_count = 0
+        self._last_page_map_s = -math.inf
         self._next_id = 0
         self.requests: dict[int, Request] = {}
         self.total_output_tokens = 0
@@ -384,10 +385,18 @@ class Engine:
                 )
             )
 
+    def _page_map_due(self) -> bool:
+        """Whether ``page_map_interval_s`` has passed since the last snapshot."""
+        now = time.monotonic()
+        if now - self._last_page_map_s < self.config.page_map_interval_s:
+            return False
+        self._last_page_map_s = now
+        return True
+
     def _emit_step(self, batch_size: int, prefill: int, decode: int, seconds: float) -> None:
         pool = self.kv.pool
         tokens_held, pages_cached = self.kv.occupancy()
-        if self.step_count % self.config.page_map_every == 0:
+        if self.step_count % self.config.page_map_every == 0 and self._page_map_due():
             self.kv.emit_page_map()
         self.bus.emit(
             StepSummary(

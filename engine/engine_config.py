@@ -48,6 +48,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     weights_dtype: str = "fp32"  # fp32 (exact, the oracle path) | bf16 | int8 | auto
     page_map_every: int = 4  # steps between page-occupancy snapshots
+    # ... and at least this long between them: a GPU steps every few ms, and a map of
+    # 100k pages costs ~1-2 ms to build and ~20 kB to store. None = 0.1 s on CUDA, 0 on CPU.
+    page_map_interval_s: float | None = None
     # InfLLM (engine/infllm.py): sinks + local window resident, top-k distant blocks retrieved.
     attention_mode: str = "full"
     infllm_initial_tokens: int = 64
@@ -73,6 +76,8 @@ class EngineConfig:
         )
         self.device = resolve_device(self.device)
         self.weights_dtype = resolve_weights_dtype(self.weights_dtype, self.device)
+        if self.page_map_interval_s is None:
+            self.page_map_interval_s = 0.1 if self.device.startswith("cuda") else 0.0
         check(
             not (self.weights_dtype == "int8" and self.device.startswith("cuda")),
             "int8 weights run on the CPU only (torch has no CUDA int8 weight GEMM); use bf16",
