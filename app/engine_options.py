@@ -49,7 +49,10 @@ def parse_size(text: str) -> int:
 
 
 def add_engine_options(
-    parser: argparse.ArgumentParser, kv_budget: str = "256MiB", offload: str = "never"
+    parser: argparse.ArgumentParser,
+    kv_budget: str = "256MiB",
+    offload: str = "never",
+    kv_budget_note: str = "",
 ) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument(
@@ -80,7 +83,7 @@ def add_engine_options(
         type=parse_size,
         default=parse_size(kv_budget),
         metavar="SIZE",
-        help=f"bytes for KV pages, e.g. 256MiB (default {kv_budget})",
+        help=f"bytes for KV pages, e.g. 256MiB (default {kv_budget}{kv_budget_note})",
     )
     g.add_argument(
         "--memory-fraction",

@@ -72,7 +72,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="serve Prometheus metrics on 127.0.0.1:PORT while running",
     )
     p.add_argument("--metrics-host", default="127.0.0.1", help=argparse.SUPPRESS)
-    add_engine_options(p, kv_budget=RUN_KV_BUDGET, offload="auto")
+    add_engine_options(
+        p,
+        kv_budget=RUN_KV_BUDGET,
+        offload="auto",
+        kv_budget_note=", grown to hold two of the workload's longest requests when they don't fit",
+    )
     # None tells run() the user chose no budget, so it may size one to the workload.
     p.set_defaults(handler=run, kv_budget=None)
 
