@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="ENDPOINT",
-        help="an engine's event endpoint, e.g. tcp://10.0.0.5:5557 or ipc:///tmp/kv (repeatable)",
+        help="an engine's event endpoint, e.g. tcp://gpu-node-1:5557 or ipc:///tmp/kv (repeatable)",
     )
     p.add_argument(
         "--replay",

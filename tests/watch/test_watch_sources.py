@@ -12,12 +12,12 @@ from profiler.watch.sources import expand_sources
 
 def test_tcp_ranks_take_base_port_plus_rank() -> None:
     specs = expand_sources(
-        "tcp://10.0.0.5:5557", replay="tcp://10.0.0.5:5600", dp_size=3, topic="kv"
+        "tcp://gpu-node-1:5557", replay="tcp://gpu-node-1:5600", dp_size=3, topic="kv"
     )
     assert [(s.endpoint, s.replay, s.dp_rank, s.topic) for s in specs] == [
-        ("tcp://10.0.0.5:5557", "tcp://10.0.0.5:5600", 0, "kv"),
-        ("tcp://10.0.0.5:5558", "tcp://10.0.0.5:5601", 1, "kv"),
-        ("tcp://10.0.0.5:5559", "tcp://10.0.0.5:5602", 2, "kv"),
+        ("tcp://gpu-node-1:5557", "tcp://gpu-node-1:5600", 0, "kv"),
+        ("tcp://gpu-node-1:5558", "tcp://gpu-node-1:5601", 1, "kv"),
+        ("tcp://gpu-node-1:5559", "tcp://gpu-node-1:5602", 2, "kv"),
     ]
     assert expand_sources("tcp://h:5557")[0].dp_rank is None  # no DP: no rank
 
