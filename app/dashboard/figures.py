@@ -233,7 +233,7 @@ def budget_tiles(budget: MeasuredBudget) -> list[Tile]:
     tiles = [Tile(term, _size(n), how) for term, n, how in budget.terms()]
     ratio = budget.kv_vs_prediction
     if ratio is not None:
-        tiles[-1] = Tile(tiles[-1].label, tiles[-1].value, f"measured / predicted {ratio:.2f}")
+        tiles[-1] = Tile(tiles[-1].label, tiles[-1].value, f"measured / predicted {ratio:.2g}")
     return tiles
 
 
