@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict
 from typing import Any
 
@@ -169,6 +170,13 @@ def cliff_figure(r: dict[str, Any], points: int = 96) -> Any:
         yaxis={"title": "average batch the KV budget holds", "type": "log"},
         template="plotly_white",
     )
+    # On log axes plotly places annotations in log10 units (shapes in data units):
+    # move the line labels to where their lines are.
+    for note in fig.layout.annotations:
+        if note.xref == "x" and note.x:
+            note.x = math.log10(note.x)
+        if note.yref == "y" and note.y:
+            note.y = math.log10(note.y)
     return fig
 
 

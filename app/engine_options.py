@@ -21,7 +21,7 @@ from engine.engine_config import (
     EngineConfig,
 )
 from engine.errors import KvscopeError
-from engine.sizing import KV_FORMATS
+from engine.sizing import KV_DTYPES
 
 _UNITS = {
     "": 1,
@@ -98,7 +98,7 @@ def add_engine_options(
     )
     g.add_argument(
         "--kv-dtype",
-        choices=list(KV_FORMATS),
+        choices=list(KV_DTYPES),
         default="fp32",
         help="KV-cache storage format (default fp32)",
     )

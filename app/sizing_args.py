@@ -15,7 +15,7 @@ from app.output_format import GIB
 from engine.errors import KvscopeError
 from engine.presets import DEVICES, MODELS, Device, device_preset, model_preset
 from engine.sizing import (
-    KV_FORMATS,
+    KV_DTYPES,
     WEIGHT_BYTES_PER_PARAM,
     MemoryBudget,
     ModelShape,
@@ -90,7 +90,7 @@ def add_model_options(
     group.add_argument(
         "--params", type=parse_count, help="parameter count (8e9, 8B, 135M); overrides the model's"
     )
-    parser.add_argument("--kv-dtype", "--dtype", choices=list(KV_FORMATS), help=kv_dtype_help)
+    parser.add_argument("--kv-dtype", "--dtype", choices=list(KV_DTYPES), help=kv_dtype_help)
     parser.add_argument("--device", help=f"device preset: {', '.join(DEVICES)}")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.loader import load_model
-from engine.sizing import KV_FORMATS
+from engine.sizing import KV_DTYPES
 
 MODULES = [
     "argparse",
@@ -85,7 +85,7 @@ def main() -> None:
     reference, _ = evaluate(loaded, ids)
     ref_ppl = compare(reference, reference, target, None)["perplexity"]
     kv_rows = []
-    for fmt in KV_FORMATS:
+    for fmt in KV_DTYPES:
         logp, per_token = evaluate(loaded, ids, kv_dtype=fmt)
         kv_rows.append(
             {

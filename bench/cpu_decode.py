@@ -39,18 +39,16 @@ def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     return 2 * nbytes / best / 1e9
 
 
-def measure(batch: int, context: int, page_size: int, kv_format: str, repeats: int) -> dict:
+def measure(batch: int, context: int, page_size: int, kv_dtype: str, repeats: int) -> dict:
     pages_per_seq = math.ceil(context / page_size)
     num_pages = batch * pages_per_seq
     order = torch.randperm(num_pages).tolist()  # scattered pages, as after churn
     tables = [order[i * pages_per_seq : (i + 1) * pages_per_seq] for i in range(batch)]
-    pool_bytes = (
-        KVPages.allocate(1, page_size, NUM_KV_HEADS, HEAD_DIM, kv_format).nbytes * num_pages
-    )
+    pool_bytes = KVPages.allocate(1, page_size, NUM_KV_HEADS, HEAD_DIM, kv_dtype).nbytes * num_pages
     num_pools = max(1, min(NUM_LAYERS, math.ceil(WORKING_SET / pool_bytes)))
     pools = []
     for _ in range(num_pools):
-        pool = KVPages.allocate(num_pages, page_size, NUM_KV_HEADS, HEAD_DIM, kv_format)
+        pool = KVPages.allocate(num_pages, page_size, NUM_KV_HEADS, HEAD_DIM, kv_dtype)
         slots = torch.arange(num_pages * page_size)
         kv = torch.randn(2, len(slots), NUM_KV_HEADS, HEAD_DIM)
         pool.write(slots, kv[0], kv[1])
@@ -65,7 +63,7 @@ def measure(batch: int, context: int, page_size: int, kv_format: str, repeats: i
     for i in range((repeats + 1) * num_pools):
         pool = pools[i % num_pools]
         paged_attention(
-            q, pool.data, meta, "torch", kv_format=kv_format, scales=pool.scales, on_kernel=record
+            q, pool.data, meta, "torch", kv_dtype=kv_dtype, scales=pool.scales, on_kernel=record
         )
     # Best of the timed rounds (the first round warms up): on a shared machine the
     # median measures the neighbours as much as the code.
@@ -88,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     copy_gbs = copy_bandwidth()
     rows = [
-        measure(b, c, args.page_size, args.kv_format, args.repeats)
+        measure(b, c, args.page_size, args.kv_dtype, args.repeats)
         for b in BATCHES
         for c in CONTEXTS
     ]
@@ -100,7 +98,7 @@ def main() -> None:
         )
         return
     print(
-        f"torch decode path, {args.kv_format} KV, page size {args.page_size}, "
+        f"torch decode path, {args.kv_dtype} KV, page size {args.page_size}, "
         f"{torch.get_num_threads()} threads; copy bandwidth {copy_gbs:.1f} GB/s (read + write)"
     )
     print(f"{'batch':>5} {'context':>7} {'ms/call':>8} {'tokens/s':>9} {'GB/s':>6}")

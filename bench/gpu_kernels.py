@@ -69,7 +69,7 @@ class TimeRatio:
     """A quantized decode row's time against fp16 on the same shape: lower is better."""
 
     shape: str
-    kv_format: str
+    kv_dtype: str
     ms: float
     fp16_ms: float
     goal: float | None
@@ -273,11 +273,11 @@ def decode_rows(shapes: list[tuple], device: torch.device, reps: int, copy_gbs: 
     from kernels import triton_decode as td
 
     rows = []
-    for batch, context, num_q_heads, num_kv_heads, head_dim, kv_format in shapes:
+    for batch, context, num_q_heads, num_kv_heads, head_dim, kv_dtype in shapes:
         page_size = 16
         pages_per_seq = context // page_size
         num_pages = batch * pages_per_seq
-        store = KVPages.allocate(num_pages, page_size, num_kv_heads, head_dim, kv_format, device)
+        store = KVPages.allocate(num_pages, page_size, num_kv_heads, head_dim, kv_dtype, device)
         chunk = 1 << 16  # write in slices: a full fp32 copy of the pool may not fit beside it
         for start in range(0, num_pages * page_size, chunk):
             slots = torch.arange(start, min(start + chunk, num_pages * page_size), device=device)
@@ -286,26 +286,24 @@ def decode_rows(shapes: list[tuple], device: torch.device, reps: int, copy_gbs: 
         order = torch.randperm(num_pages).tolist()  # scattered pages, as after churn
         tables = [order[b * pages_per_seq : (b + 1) * pages_per_seq] for b in range(batch)]
         meta = AttentionMetadata.build(tables, [1] * batch, [context] * batch, page_size, device)
-        q_dtype = DTYPE_OF.get(kv_format, torch.float16)
+        q_dtype = DTYPE_OF.get(kv_dtype, torch.float16)
         q = torch.randn(batch, num_q_heads, head_dim, device=device, dtype=q_dtype)
         reports: list[tuple] = []
 
-        def ours(on_kernel=None, q=q, store=store, meta=meta, kv_format=kv_format) -> torch.Tensor:
+        def ours(on_kernel=None, q=q, store=store, meta=meta, kv_dtype=kv_dtype) -> torch.Tensor:
             return paged_attention(
-                q, store.data, meta, "triton", kv_format=kv_format, scales=store.scales,
+                q, store.data, meta, "triton", kv_dtype=kv_dtype, scales=store.scales,
                 on_kernel=on_kernel,
             )  # fmt: skip
 
-        want = paged_attention(
-            q, store.data, meta, "torch", kv_format=kv_format, scales=store.scales
-        )
+        want = paged_attention(q, store.data, meta, "torch", kv_dtype=kv_dtype, scales=store.scales)
         # One reported call for the bytes moved; the timed calls run without the callback.
         got = ours(lambda *event, sink=reports: sink.append(event))
         error = rel_error(got, want)
         ms = timed_ms(ours, device, reps)
-        label = f"B={batch} ctx={context} H={num_q_heads}/{num_kv_heads} D={head_dim} {kv_format}"
+        label = f"B={batch} ctx={context} H={num_q_heads}/{num_kv_heads} D={head_dim} {kv_dtype}"
         gbs = reports[0][4] / (ms / 1e3) / 1e9
-        goal = DECODE_GOAL if kv_format in ("fp16", "bf16") else None
+        goal = DECODE_GOAL if kv_dtype in ("fp16", "bf16") else None
         config = chosen_config(td._decode_split_kernel)
         rows.append(Row("decode paged", label, ms, gbs, copy_gbs, "GB/s", goal, error, config))
     return rows
@@ -317,10 +315,10 @@ def time_ratios(rows: list[Row], with_goals: bool) -> list[TimeRatio]:
     fp16_ms = {r.shape.removesuffix(" fp16"): r.ms for r in decode if r.shape.endswith(" fp16")}
     ratios = []
     for r in decode:
-        shape, kv_format = r.shape.rsplit(" ", 1)
-        if kv_format in QUANTIZED_TIME_GOAL and shape in fp16_ms:
-            goal = QUANTIZED_TIME_GOAL[kv_format] if with_goals else None
-            ratios.append(TimeRatio(shape, kv_format, r.ms, fp16_ms[shape], goal))
+        shape, kv_dtype = r.shape.rsplit(" ", 1)
+        if kv_dtype in QUANTIZED_TIME_GOAL and shape in fp16_ms:
+            goal = QUANTIZED_TIME_GOAL[kv_dtype] if with_goals else None
+            ratios.append(TimeRatio(shape, kv_dtype, r.ms, fp16_ms[shape], goal))
     return ratios
 
 
@@ -357,7 +355,7 @@ def print_tables(name: str, copy_gbs: float, rows: list[Row], ratios: list[TimeR
         verdict = "info" if t.goal is None else ("goal met" if ok_goal else "GOAL MISSED")
         goal = "-" if t.goal is None else f"<={t.goal:.2f}"
         print(
-            f"{t.shape:<40} {t.kv_format:<9} {t.ms:>8.3f} {t.fp16_ms:>8.3f} {t.ratio:>6.2f} "
+            f"{t.shape:<40} {t.kv_dtype:<9} {t.ms:>8.3f} {t.fp16_ms:>8.3f} {t.ratio:>6.2f} "
             f"{goal:>6}  {verdict}"
         )
     return ok
@@ -373,7 +371,7 @@ def main() -> int:
         prefill_shapes = [(2, 64, 4, 2, 64, torch.float16), (1, 32, 2, 2, 80, torch.bfloat16)]
         ragged_shapes = [(ragged_lengths(4, 8, 48), 4, 2, 64, torch.float16)]
         decode_shapes = [
-            (2, 128, 4, 2, 64, kv_format) for kv_format in ("fp16", "fp8_e4m3", "int8", "int4")
+            (2, 128, 4, 2, 64, kv_dtype) for kv_dtype in ("fp16", "fp8_e4m3", "int8", "int4")
         ] + [(2, 64, 2, 2, 96, "bf16")]
     elif not torch.cuda.is_available():
         print(
@@ -397,9 +395,9 @@ def main() -> int:
             for dtype in (torch.float16, torch.bfloat16)
         ]
         quantized = [
-            (batch, context, hq, hkv, d, kv_format)
+            (batch, context, hq, hkv, d, kv_dtype)
             for batch, context, hq, hkv, d in ((8, 32768, 32, 8, 128), (64, 4096, 9, 3, 64))
-            for kv_format in ("fp16", "fp8_e4m3", "int8", "int4")
+            for kv_dtype in ("fp16", "fp8_e4m3", "int8", "int4")
         ]
         decode_shapes = [
             *quantized,

@@ -18,7 +18,7 @@ from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.loader import load_model
 from engine.sampler import SamplingParams
-from engine.sizing import KV_FORMATS
+from engine.sizing import KV_DTYPES
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     loaded = load_model()
     rows = []
-    for fmt in KV_FORMATS:
+    for fmt in KV_DTYPES:
         engine = Engine(
             EngineConfig(
                 kv_budget_bytes=args.budget_mib << 20,

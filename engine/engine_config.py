@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from engine.device import resolve_device, resolve_weights_dtype
 from engine.errors import KvscopeError
-from engine.sizing import KV_FORMATS
+from engine.sizing import KV_DTYPES
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
@@ -84,8 +84,8 @@ class EngineConfig:
         )
         check(self.page_size >= 1, f"page size must be >= 1, got {self.page_size}")
         check(
-            self.kv_dtype in KV_FORMATS,
-            f"unknown KV dtype {self.kv_dtype!r}; choose one of {', '.join(KV_FORMATS)}",
+            self.kv_dtype in KV_DTYPES,
+            f"unknown KV dtype {self.kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}",
         )
         check(
             self.eviction_policy in EVICTION_POLICIES,

@@ -23,13 +23,13 @@ class KVStorage:
         page_size: int,
         num_kv_heads: int,
         head_dim: int,
-        kv_format: str = "fp32",
+        kv_dtype: str = "fp32",
         device: str | torch.device = "cpu",
     ) -> None:
         self.page_size = page_size
-        self.kv_format = kv_format
+        self.kv_dtype = kv_dtype
         stacked = KVPages.allocate(
-            num_layers * num_pages, page_size, num_kv_heads, head_dim, kv_format, device
+            num_layers * num_pages, page_size, num_kv_heads, head_dim, kv_dtype, device
         )
         self.data = stacked.data.view(num_layers, num_pages, *stacked.data.shape[1:])
         self.scales = (
@@ -39,7 +39,7 @@ class KVStorage:
         )
         self.layers = [
             KVPages(
-                self.data[i], None if self.scales is None else self.scales[i], kv_format, head_dim
+                self.data[i], None if self.scales is None else self.scales[i], kv_dtype, head_dim
             )
             for i in range(num_layers)
         ]

@@ -199,12 +199,12 @@ class ModelRunner:
             )
             if timer is None:
                 return paged_attention(
-                    q, pages.data, step_meta, backend=backend, kv_format=pages.kv_format,
+                    q, pages.data, step_meta, backend=backend, kv_dtype=pages.kv_dtype,
                     scales=pages.scales, on_kernel=on_kernel,
                 )  # fmt: skip
             with timer.span():
                 out = paged_attention(
-                    q, pages.data, step_meta, backend=backend, kv_format=pages.kv_format,
+                    q, pages.data, step_meta, backend=backend, kv_dtype=pages.kv_dtype,
                     scales=pages.scales,
                 )  # fmt: skip
             name = f"{backend}.{'paged_decode' if step_meta.is_decode_only else 'paged_prefill'}"
@@ -229,7 +229,7 @@ def _attention_cost(
 ) -> tuple[str, float, float, float]:
     """(shape, 0 seconds, FLOPs, bytes) of one attention call, counted as the kernels count."""
     vector = _kv_vector_bytes(pages.data, pages.scales)
-    label = f"ps={meta.page_size} {pages.kv_format}"
+    label = f"ps={meta.page_size} {pages.kv_dtype}"
     shape, flops, nbytes = _cost(
         meta.query_lens, meta.kv_lens, q, pages.data.shape[3], vector, True, label
     )

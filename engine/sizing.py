@@ -40,7 +40,7 @@ class KVFormat:
         return payload + groups * self.scale_bytes
 
 
-KV_FORMATS: dict[str, KVFormat] = {
+KV_DTYPES: dict[str, KVFormat] = {
     "fp32": KVFormat("fp32", 32),
     "fp16": KVFormat("fp16", 16),
     "bf16": KVFormat("bf16", 16),
@@ -53,12 +53,12 @@ KV_FORMATS: dict[str, KVFormat] = {
 }
 
 
-def kv_format(name: str) -> KVFormat:
+def kv_dtype_spec(name: str) -> KVFormat:
     try:
-        return KV_FORMATS[name]
+        return KV_DTYPES[name]
     except KeyError:
         raise KvscopeError(
-            f"unknown KV dtype {name!r}; choose one of {', '.join(KV_FORMATS)}"
+            f"unknown KV dtype {name!r}; choose one of {', '.join(KV_DTYPES)}"
         ) from None
 
 
@@ -66,7 +66,7 @@ def kv_bytes_per_token(
     num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str = "fp16"
 ) -> float:
     """Bytes of K and V one token occupies across all layers, scales included."""
-    return 2 * num_kv_heads * num_layers * kv_format(kv_dtype).bytes_per_head_vector(head_dim)
+    return 2 * num_kv_heads * num_layers * kv_dtype_spec(kv_dtype).bytes_per_head_vector(head_dim)
 
 
 # Bytes per parameter for the weights; int4 ignores its small per-group scales.

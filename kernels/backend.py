@@ -132,7 +132,7 @@ def paged_attention(
     meta: AttentionMetadata,
     backend: str = "auto",
     sm_scale: float | None = None,
-    kv_format: str | None = None,
+    kv_dtype: str | None = None,
     scales: torch.Tensor | None = None,
     *,
     num_splits: int | None = None,
@@ -142,35 +142,35 @@ def paged_attention(
     """The engine's attention: ragged new tokens ``q [T, Hq, D]`` over their paged K/V.
 
     ``kv_pages`` ``[num_pages, 2, page_size, Hkv, D']`` already holds the new
-    tokens' K/V, in ``kv_format`` (inferred for float dtypes) with ``scales``
+    tokens' K/V, in ``kv_dtype`` (inferred for float dtypes) with ``scales``
     for int8/int4. On Triton a decode-only batch runs the split-K decode
     kernel (``num_splits`` None: sized to the device), anything else the
     prefill kernel reading whole sequences through the page table.
     """
     kind = resolve_backend(backend, q.device)
     head_dim = q.shape[-1]
-    kv_format = check_pages(kv_pages, scales, kv_format, head_dim)
+    kv_dtype = check_pages(kv_pages, scales, kv_dtype, head_dim)
     scale = sm_scale if sm_scale is not None else head_dim**-0.5
     decode = meta.is_decode_only
 
     def run() -> torch.Tensor:
         if kind == "torch":
-            return _into(out, paged_attention_torch(q, kv_pages, meta, scale, kv_format, scales))
+            return _into(out, paged_attention_torch(q, kv_pages, meta, scale, kv_dtype, scales))
         if decode:
             return paged_decode_triton(
                 q, kv_pages, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
-                kv_format=kv_format, scales=scales, sm_scale=scale,
+                kv_dtype=kv_dtype, scales=scales, sm_scale=scale,
                 max_kv_len=max(meta.kv_lens), num_splits=num_splits, out=out,
             )  # fmt: skip
         return paged_prefill_triton(
             q, kv_pages, meta.cu_seqlens_q, meta.kv_indptr, meta.kv_indices,
             meta.kv_last_page_len, max(meta.query_lens),
-            kv_format=kv_format, scales=scales, sm_scale=scale, out=out,
+            kv_dtype=kv_dtype, scales=scales, sm_scale=scale, out=out,
         )  # fmt: skip
 
     def cost() -> tuple[str, float, float]:
         vector = _kv_vector_bytes(kv_pages, scales)
-        label = f"ps={meta.page_size} {kv_format}"
+        label = f"ps={meta.page_size} {kv_dtype}"
         return _cost(meta.query_lens, meta.kv_lens, q, kv_pages.shape[3], vector, True, label)
 
     name = f"{kind}.{'paged_decode' if decode else 'paged_prefill'}"
@@ -185,7 +185,7 @@ def paged_decode_attention(
     kv_last_page_len: torch.Tensor,
     sm_scale: float | None = None,
     *,
-    kv_format: str | None = None,
+    kv_dtype: str | None = None,
     scales: torch.Tensor | None = None,
     backend: str = "auto",
     num_splits: int | None = None,
@@ -198,7 +198,7 @@ def paged_decode_attention(
         cu_seqlens_q, kv_indptr, kv_indices, kv_last_page_len, kv_pages.shape[2]
     )
     return paged_attention(
-        q, kv_pages, meta, backend, sm_scale, kv_format, scales,
+        q, kv_pages, meta, backend, sm_scale, kv_dtype, scales,
         num_splits=num_splits, out=out, on_kernel=on_kernel,
     )  # fmt: skip
 

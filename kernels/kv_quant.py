@@ -2,7 +2,7 @@
 
 A KV page pool is one payload tensor ``[num_pages, 2, page_size, Hkv, D']`` plus,
 for the integer formats, one scales tensor with the same leading dims. The byte
-cost of each format matches ``engine/sizing.py``'s ``KV_FORMATS`` table:
+cost of each format matches ``engine/sizing.py``'s ``KV_DTYPES`` table:
 
 - ``fp32``, ``fp16``, ``bf16``: stored as is, no scales.
 - ``fp8_e4m3``, ``fp8_e5m2``: torch's float8 dtypes, saturated to the format's
@@ -43,89 +43,89 @@ PAYLOAD_DTYPES: dict[str, torch.dtype] = {
 FLOAT_FORMATS = {"fp32", "fp16", "bf16"}
 
 
-def check_format(kv_format: str) -> None:
-    if kv_format not in PAYLOAD_DTYPES:
+def check_format(kv_dtype: str) -> None:
+    if kv_dtype not in PAYLOAD_DTYPES:
         raise ValueError(
-            f"unknown KV format {kv_format!r}; choose one of {', '.join(PAYLOAD_DTYPES)}"
+            f"unknown KV format {kv_dtype!r}; choose one of {', '.join(PAYLOAD_DTYPES)}"
         )
 
 
-def infer_format(payload: torch.Tensor, kv_format: str | None) -> str:
-    """The format of ``payload``: ``kv_format`` checked against its dtype, or guessed.
+def infer_format(payload: torch.Tensor, kv_dtype: str | None) -> str:
+    """The format of ``payload``: ``kv_dtype`` checked against its dtype, or guessed.
 
     Only the float and fp8 dtypes name their format; ``int8`` and ``int4``
-    payloads need ``kv_format`` spelled out (and scales).
+    payloads need ``kv_dtype`` spelled out (and scales).
     """
-    if kv_format is None:
+    if kv_dtype is None:
         guesses = [name for name, dt in PAYLOAD_DTYPES.items() if dt == payload.dtype]
         if len(guesses) != 1 or guesses[0] in ("int8", "int4"):
-            raise ValueError(f"KV pages of dtype {payload.dtype} need an explicit kv_format")
+            raise ValueError(f"KV pages of dtype {payload.dtype} need an explicit kv_dtype")
         return guesses[0]
-    check_format(kv_format)
-    if PAYLOAD_DTYPES[kv_format] != payload.dtype:
+    check_format(kv_dtype)
+    if PAYLOAD_DTYPES[kv_dtype] != payload.dtype:
         raise ValueError(
-            f"KV format {kv_format!r} is stored as {PAYLOAD_DTYPES[kv_format]}, "
+            f"KV format {kv_dtype!r} is stored as {PAYLOAD_DTYPES[kv_dtype]}, "
             f"got pages of dtype {payload.dtype}"
         )
-    return kv_format
+    return kv_dtype
 
 
 def check_pages(
-    kv_pages: torch.Tensor, scales: torch.Tensor | None, kv_format: str | None, head_dim: int
+    kv_pages: torch.Tensor, scales: torch.Tensor | None, kv_dtype: str | None, head_dim: int
 ) -> str:
     """The format of ``kv_pages``, after checking its payload and scales fit ``head_dim``."""
-    kv_format = infer_format(kv_pages, kv_format)
+    kv_dtype = infer_format(kv_pages, kv_dtype)
     if kv_pages.dim() != 5 or kv_pages.shape[1] != 2:
         raise ValueError(
             f"KV pages must be [num_pages, 2, page_size, Hkv, D'], got {tuple(kv_pages.shape)}"
         )
-    if kv_pages.shape[-1] != payload_dim(kv_format, head_dim):
+    if kv_pages.shape[-1] != payload_dim(kv_dtype, head_dim):
         raise ValueError(
-            f"{kv_format} pages of head_dim {head_dim} need last dim {payload_dim(kv_format, head_dim)}"
+            f"{kv_dtype} pages of head_dim {head_dim} need last dim {payload_dim(kv_dtype, head_dim)}"
         )
-    want = scales_shape(kv_format, tuple(kv_pages.shape[:4]), head_dim)
+    want = scales_shape(kv_dtype, tuple(kv_pages.shape[:4]), head_dim)
     if want is None and scales is not None:
-        raise ValueError(f"KV format {kv_format!r} takes no scales")
+        raise ValueError(f"KV format {kv_dtype!r} takes no scales")
     if want is not None and (scales is None or tuple(scales.shape) != want):
         got = None if scales is None else tuple(scales.shape)
-        raise ValueError(f"KV format {kv_format!r} needs scales shaped {want}, got {got}")
-    return kv_format
+        raise ValueError(f"KV format {kv_dtype!r} needs scales shaped {want}, got {got}")
+    return kv_dtype
 
 
-def payload_dim(kv_format: str, head_dim: int) -> int:
+def payload_dim(kv_dtype: str, head_dim: int) -> int:
     """Last dimension of the payload tensor for vectors of ``head_dim`` elements."""
-    if kv_format == "int4":
+    if kv_dtype == "int4":
         if head_dim % INT4_GROUP:
             raise ValueError(f"int4 KV needs head_dim divisible by {INT4_GROUP}, got {head_dim}")
         return head_dim // 2
     return head_dim
 
 
-def scales_shape(kv_format: str, lead: tuple[int, ...], head_dim: int) -> tuple[int, ...] | None:
+def scales_shape(kv_dtype: str, lead: tuple[int, ...], head_dim: int) -> tuple[int, ...] | None:
     """Shape of the scales for payload vectors with leading dims ``lead``."""
-    if kv_format == "int8":
+    if kv_dtype == "int8":
         return lead
-    if kv_format == "int4":
+    if kv_dtype == "int4":
         return (*lead, head_dim // INT4_GROUP, 2)
     return None
 
 
-def quantize(x: torch.Tensor, kv_format: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Vectors ``x [..., D]`` to ``(payload, scales)`` in ``kv_format``."""
-    check_format(kv_format)
-    dtype = PAYLOAD_DTYPES[kv_format]
-    if kv_format in FLOAT_FORMATS:
+def quantize(x: torch.Tensor, kv_dtype: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Vectors ``x [..., D]`` to ``(payload, scales)`` in ``kv_dtype``."""
+    check_format(kv_dtype)
+    dtype = PAYLOAD_DTYPES[kv_dtype]
+    if kv_dtype in FLOAT_FORMATS:
         return x.to(dtype), None
     x = x.float()
-    if kv_format.startswith("fp8"):
+    if kv_dtype.startswith("fp8"):
         limit = torch.finfo(dtype).max
         return x.clamp(-limit, limit).to(dtype), None
-    if kv_format == "int8":
+    if kv_dtype == "int8":
         scale = x.abs().amax(dim=-1) / 127.0
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         q = torch.round(x / safe[..., None]).clamp(-127, 127).to(torch.int8)
         return q, scale
-    payload_dim(kv_format, x.shape[-1])
+    payload_dim(kv_dtype, x.shape[-1])
     groups = x.unflatten(-1, (-1, INT4_GROUP))
     low = groups.amin(dim=-1).half()
     scale = ((groups.amax(dim=-1) - low.float()) / 15.0).half()
@@ -140,16 +140,16 @@ def quantize(x: torch.Tensor, kv_format: str) -> tuple[torch.Tensor, torch.Tenso
 def dequantize(
     payload: torch.Tensor,
     scales: torch.Tensor | None,
-    kv_format: str,
+    kv_dtype: str,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """``(payload, scales)`` back to vectors ``[..., D]`` of ``dtype``."""
-    check_format(kv_format)
-    if kv_format in FLOAT_FORMATS or kv_format.startswith("fp8"):
+    check_format(kv_dtype)
+    if kv_dtype in FLOAT_FORMATS or kv_dtype.startswith("fp8"):
         return payload.to(dtype)
     if scales is None:
-        raise ValueError(f"KV format {kv_format!r} needs its scales tensor")
-    if kv_format == "int8":
+        raise ValueError(f"KV format {kv_dtype!r} needs its scales tensor")
+    if kv_dtype == "int8":
         return (payload.float() * scales.float()[..., None]).to(dtype)
     q = torch.stack([payload & 0xF, payload >> 4], dim=-1).flatten(-2).float()
     groups = q.unflatten(-1, (-1, INT4_GROUP))
@@ -167,7 +167,7 @@ class KVPages:
 
     data: torch.Tensor
     scales: torch.Tensor | None
-    kv_format: str
+    kv_dtype: str
     head_dim: int
 
     @classmethod
@@ -177,20 +177,20 @@ class KVPages:
         page_size: int,
         num_kv_heads: int,
         head_dim: int,
-        kv_format: str = "fp32",
+        kv_dtype: str = "fp32",
         device: torch.device | str = "cpu",
     ) -> KVPages:
-        check_format(kv_format)
+        check_format(kv_dtype)
         lead = (num_pages, 2, page_size, num_kv_heads)
         data = torch.zeros(
-            (*lead, payload_dim(kv_format, head_dim)),
-            dtype=PAYLOAD_DTYPES[kv_format],
+            (*lead, payload_dim(kv_dtype, head_dim)),
+            dtype=PAYLOAD_DTYPES[kv_dtype],
             device=device,
         )
-        shape = scales_shape(kv_format, lead, head_dim)
-        scale_dtype = torch.float32 if kv_format == "int8" else torch.float16
+        shape = scales_shape(kv_dtype, lead, head_dim)
+        scale_dtype = torch.float32 if kv_dtype == "int8" else torch.float16
         scales = None if shape is None else torch.zeros(shape, dtype=scale_dtype, device=device)
-        return cls(data, scales, kv_format, head_dim)
+        return cls(data, scales, kv_dtype, head_dim)
 
     @property
     def page_size(self) -> int:
@@ -206,11 +206,11 @@ class KVPages:
         slots = slots.to(device=self.data.device, dtype=torch.long)
         pages, offsets = slots // self.page_size, slots % self.page_size
         for which, x in ((0, k), (1, v)):
-            payload, scales = quantize(x, self.kv_format)
+            payload, scales = quantize(x, self.kv_dtype)
             self.data[pages, which, offsets] = payload
             if self.scales is not None:
                 self.scales[pages, which, offsets] = scales
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The whole pool as ``[num_pages, 2, page_size, Hkv, D]`` of ``dtype``."""
-        return dequantize(self.data, self.scales, self.kv_format, dtype)
+        return dequantize(self.data, self.scales, self.kv_dtype, dtype)

@@ -72,11 +72,11 @@ def paged_attention_reference(
     kv_indices: torch.Tensor,
     kv_last_page_len: torch.Tensor,
     sm_scale: float | None = None,
-    kv_format: str | None = None,
+    kv_dtype: str | None = None,
     scales: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """Causal attention of ragged new tokens over their (dequantized) paged K/V."""
-    kv = dequantize(kv_pages, scales, infer_format(kv_pages, kv_format), dtype)
+    kv = dequantize(kv_pages, scales, infer_format(kv_pages, kv_dtype), dtype)
     k, v, cu_seqlens_k = gather_sequences(kv, kv_indptr, kv_indices, kv_last_page_len)
     return attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, True, sm_scale, dtype)

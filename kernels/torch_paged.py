@@ -48,7 +48,7 @@ def _split_rows(meta: AttentionMetadata) -> tuple[list[int], list[int]]:
 def _gather(
     kv_pages: torch.Tensor,
     scales: torch.Tensor | None,
-    kv_format: str,
+    kv_dtype: str,
     page_ids: torch.Tensor,
     dtype: torch.dtype,
     buffers: dict | None = None,
@@ -71,7 +71,7 @@ def _gather(
                 buffers[("pages", which)] = buffer
         torch.index_select(payload, 0, page_ids, out=buffer)
         picked = None if scales is None else scales[:, which][page_ids]
-        out.append(dequantize(buffer, picked, kv_format, dtype).flatten(0, 1))
+        out.append(dequantize(buffer, picked, kv_dtype, dtype).flatten(0, 1))
     return out
 
 
@@ -79,7 +79,7 @@ def _decode(
     q: torch.Tensor,
     kv_pages: torch.Tensor,
     scales: torch.Tensor | None,
-    kv_format: str,
+    kv_dtype: str,
     meta: AttentionMetadata,
     rows: list[int],
     scale: float,
@@ -91,7 +91,7 @@ def _decode(
     num_kv_heads = kv_pages.shape[3]
     k, v = (
         x.view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
-        for x in _gather(kv_pages, scales, kv_format, page_ids, q.dtype, meta.cache)
+        for x in _gather(kv_pages, scales, kv_dtype, page_ids, q.dtype, meta.cache)
     )
     # The query heads of a GQA group are their KV head's query rows: no K/V repeat.
     qg = q.view(batch, num_kv_heads, -1, head_dim)
@@ -104,31 +104,31 @@ def paged_attention_torch(
     kv_pages: torch.Tensor,
     meta: AttentionMetadata,
     sm_scale: float | None = None,
-    kv_format: str | None = None,
+    kv_dtype: str | None = None,
     scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of ragged new tokens over their paged K/V.
 
     q: [total_q, Hq, D]; kv_pages: [num_pages, 2, page_size, Hkv, D'] (new
-    tokens' K/V already written) in ``kv_format`` (inferred from the float
+    tokens' K/V already written) in ``kv_dtype`` (inferred from the float
     dtypes), with ``scales`` for int8/int4. Returns [total_q, Hq, D].
     """
-    kv_format = infer_format(kv_pages, kv_format)
+    kv_dtype = infer_format(kv_pages, kv_dtype)
     scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
     decode_rows, prefill_rows = _split_rows(meta)
     if not prefill_rows:
-        return _decode(q, kv_pages, scales, kv_format, meta, decode_rows, scale)
+        return _decode(q, kv_pages, scales, kv_dtype, meta, decode_rows, scale)
     out = torch.empty_like(q)
     cu = meta.cache.setdefault("cu_host", meta.cu_seqlens_q.tolist())
     if decode_rows:
         token_rows = torch.tensor([cu[r] for r in decode_rows], device=q.device)
         out[token_rows] = _decode(
-            q[token_rows], kv_pages, scales, kv_format, meta, decode_rows, scale
+            q[token_rows], kv_pages, scales, kv_dtype, meta, decode_rows, scale
         )
     indptr = meta.cache.setdefault("indptr_host", meta.kv_indptr.tolist())
     for r in prefill_rows:
         page_ids = meta.kv_indices[indptr[r] : indptr[r + 1]].long()
-        k, v = _gather(kv_pages, scales, kv_format, page_ids, q.dtype)
+        k, v = _gather(kv_pages, scales, kv_dtype, page_ids, q.dtype)
         kv_len = meta.kv_lens[r]
         out[cu[r] : cu[r + 1]] = sdpa_one(q[cu[r] : cu[r + 1]], k[:kv_len], v[:kv_len], True, scale)
     return out

@@ -223,7 +223,7 @@ def _launch(
     causal: bool,
     paged: bool,
     page_size: int,
-    kv_format: str,
+    kv_dtype: str,
     sm_scale: float,
 ) -> torch.Tensor:
     num_q_heads, head_dim = q.shape[1], q.shape[2]
@@ -242,7 +242,7 @@ def _launch(
         CAUSAL=causal,
         PAGED=paged,
         PAGE_SIZE=page_size,
-        FORMAT=FORMAT_CODES[kv_format],
+        FORMAT=FORMAT_CODES[kv_dtype],
         INT4_GROUP=INT4_GROUP,
         HEAD_DIM=head_dim,
         BLOCK_D=padded_head_dim(head_dim),
@@ -272,7 +272,7 @@ def varlen_attention_triton(
         q, k, v, k, v, out, cu_seqlens_q, max_seqlen_q,
         (cu_seqlens_k, cu_seqlens_k, cu_seqlens_k, cu_seqlens_k),
         (0, k.stride(0), k.stride(1)), (0, 0, 0),
-        causal=causal, paged=False, page_size=1, kv_format="fp32", sm_scale=sm_scale,
+        causal=causal, paged=False, page_size=1, kv_dtype="fp32", sm_scale=sm_scale,
     )  # fmt: skip
 
 
@@ -285,7 +285,7 @@ def paged_prefill_triton(
     kv_last_page_len: torch.Tensor,
     max_seqlen_q: int,
     *,
-    kv_format: str,
+    kv_dtype: str,
     scales: torch.Tensor | None,
     sm_scale: float,
     out: torch.Tensor | None = None,
@@ -300,6 +300,6 @@ def paged_prefill_triton(
         q, pages[:, 0], pages[:, 1], k_scales, v_scales, out, cu_seqlens_q, max_seqlen_q,
         (cu_seqlens_q, kv_indptr, kv_indices, kv_last_page_len),
         (pages.stride(0), pages.stride(2), pages.stride(3)), scale_strides,
-        causal=True, paged=True, page_size=kv_pages.shape[2], kv_format=kv_format,
+        causal=True, paged=True, page_size=kv_pages.shape[2], kv_dtype=kv_dtype,
         sm_scale=sm_scale,
     )  # fmt: skip

@@ -319,3 +319,19 @@ def test_simulate_bad_trace_names_the_line(capsys, tmp_path):
     trace = tmp_path / "bad.jsonl"
     trace.write_text('{"prompt_len": 1, "output_len": 1}\n{"prompt_len": 0, "output_len": 1}\n')
     assert "bad.jsonl:2: prompt_len" in run_error(capsys, "simulate", "--trace", str(trace))
+
+
+def test_cliff_chart_labels_sit_on_their_lines_on_log_axes(capsys):
+    """plotly reads annotation positions on log axes as log10: the labels must be converted."""
+    import math
+
+    from app.cliff import cliff_figure
+
+    assert main(["calc", "cliff", "--preset", "llama3-8b", "--device", "h100-80", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    fig = cliff_figure(report)
+    hline = next(n for n in fig.layout.annotations if "compute-bound" in n.text)
+    assert hline.y == pytest.approx(math.log10(report["compute_bound_batch"]))
+    cliff = report["scenarios"]["fp16 KV"]["cliff_context_len"]
+    vline = next(n for n in fig.layout.annotations if f"{cliff:,}" in n.text)
+    assert vline.x == pytest.approx(math.log10(cliff))

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from engine.sampler import SamplingParams
-from engine.sizing import KV_FORMATS
+from engine.sizing import KV_DTYPES
 
 pytestmark = pytest.mark.slow
 
@@ -84,8 +84,8 @@ def fp32_logits(make_engine, text_ids):
     return make_engine().score(text_ids, chunk=64)
 
 
-@pytest.mark.parametrize("kv_dtype", [k for k in KV_FORMATS if k != "fp32"])
-def test_every_kv_format_close_to_fp32(make_engine, kv_dtype, text_ids, fp32_logits):
+@pytest.mark.parametrize("kv_dtype", [k for k in KV_DTYPES if k != "fp32"])
+def test_every_kv_dtype_close_to_fp32(make_engine, kv_dtype, text_ids, fp32_logits):
     engine = make_engine(kv_dtype=kv_dtype)
     logits = engine.score(text_ids, chunk=64)
     assert not logits.isnan().any()

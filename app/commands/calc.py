@@ -31,7 +31,7 @@ from app.sizing_args import (
     resolve_model,
 )
 from engine.errors import KvscopeError
-from engine.sizing import KV_FORMATS, ModelShape, avg_tokens_held, kv_capacity, reload_cost
+from engine.sizing import KV_DTYPES, ModelShape, avg_tokens_held, kv_capacity, reload_cost
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -139,7 +139,7 @@ def sizing_report(args: argparse.Namespace) -> dict[str, Any]:
             label: {"kv_heads": variant.kv_heads, **capacity(variant, kv_dtype)}
             for label, variant in shape.kv_head_variants().items()
         },
-        "by_kv_dtype": {name: capacity(shape, name) for name in KV_FORMATS},
+        "by_kv_dtype": {name: capacity(shape, name) for name in KV_DTYPES},
     }
     if args.seq_len is not None:
         batch = args.batch or 1

@@ -26,7 +26,7 @@ from engine.alloc_sim import (
 )
 from engine.errors import KvscopeError
 from engine.presets import MODELS, model_preset
-from engine.sizing import GIB, KV_FORMATS, ModelShape
+from engine.sizing import GIB, KV_DTYPES, ModelShape
 from engine.traces import DISTRIBUTIONS, generate_trace, read_trace
 
 PLOT_POINTS = 1000  # per series; enough for a smooth line, small enough for a light HTML file
@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="llama3-8b",
         help=f"model for bytes per token: {', '.join(MODELS)} (default llama3-8b)",
     )
-    memory.add_argument("--kv-dtype", default="fp16", choices=list(KV_FORMATS))
+    memory.add_argument("--kv-dtype", default="fp16", choices=list(KV_DTYPES))
     memory.add_argument("--page-size", type=positive_int, default=16)
     memory.add_argument(
         "--max-model-len",

@@ -8,7 +8,6 @@ database: any run (or none) shows it.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import plotly.graph_objects as go
@@ -17,7 +16,7 @@ from dash import dcc, html
 from app.cliff import cliff_figure, cliff_report
 from app.dashboard.figures import FONT, Tile
 from engine.presets import DEVICES, MODELS
-from engine.sizing import KV_FORMATS
+from engine.sizing import KV_DTYPES
 
 PAGE = ("sizing", "Sizing", "/sizing")
 DEFAULTS = {"model": "llama3-8b", "device": "h100-80", "kv_dtype": "fp8_e4m3", "resident": 25}
@@ -35,18 +34,8 @@ def cliff(model: str, device: str, kv_dtype: str, resident_pct: float | None) ->
 
 
 def cliff_chart(report: dict[str, Any]) -> go.Figure:
-    """``cliff_figure`` in the dashboard's look.
-
-    Both of its axes are logarithmic, where plotly places annotations in log10
-    units (shapes in data units): the labels of the cliff lines and of the
-    compute-bound line are moved to where their lines are.
-    """
+    """``cliff_figure`` in the dashboard's look."""
     fig = cliff_figure(report)
-    for note in fig.layout.annotations:
-        if note.xref == "x" and note.x:
-            note.x = math.log10(note.x)
-        if note.yref == "y" and note.y:
-            note.y = math.log10(note.y)
     fig.update_layout(
         height=520,
         font={"family": FONT, "size": 13},
@@ -108,7 +97,7 @@ def layout() -> list:
                         _dropdown("device", list(DEVICES), DEFAULTS["device"]),
                         _dropdown(
                             "kv_dtype",
-                            [k for k in KV_FORMATS if k != "fp16"],
+                            [k for k in KV_DTYPES if k != "fp16"],
                             DEFAULTS["kv_dtype"],
                         ),
                         html.Div(

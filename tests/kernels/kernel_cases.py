@@ -32,7 +32,7 @@ def paged_batch(
     num_q_heads: int,
     num_kv_heads: int,
     head_dim: int,
-    kv_format: str,
+    kv_dtype: str,
     q_dtype: torch.dtype,
 ) -> PagedBatch:
     """Requests on shuffled pages of a pool with spare pages, every slot holding junk first.
@@ -42,7 +42,7 @@ def paged_batch(
     """
     need = [(n + page_size - 1) // page_size for n in kv_lens]
     num_pages = sum(need) + 3
-    pages = KVPages.allocate(num_pages, page_size, num_kv_heads, head_dim, kv_format)
+    pages = KVPages.allocate(num_pages, page_size, num_kv_heads, head_dim, kv_dtype)
     all_slots = torch.arange(num_pages * page_size)
     junk = torch.randn(2, len(all_slots), num_kv_heads, head_dim) * 8
     pages.write(all_slots, junk[0], junk[1])

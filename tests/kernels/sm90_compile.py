@@ -148,13 +148,13 @@ def main() -> None:
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
     meta = AttentionMetadata.build([[0, 1, 2, 3], [4, 5, 6, 7]], [40, 24], [64, 50], 16)
     decode_meta = AttentionMetadata.build([[0, 1, 2, 3], [4, 5, 6, 7]], [1, 1], [64, 50], 16)
-    for kind, q_dtype, kv_format, num_q_heads, num_kv_heads, head_dims in VARIANTS:
+    for kind, q_dtype, kv_dtype, num_q_heads, num_kv_heads, head_dims in VARIANTS:
         for head_dim in head_dims:
-            pages = KVPages.allocate(8, 16, num_kv_heads, head_dim, kv_format)
+            pages = KVPages.allocate(8, 16, num_kv_heads, head_dim, kv_dtype)
             start = len(compiled)
             if kind == "varlen":
                 q = torch.zeros(64, num_q_heads, head_dim, dtype=dtypes[q_dtype])
-                k = torch.zeros(114, num_kv_heads, head_dim, dtype=dtypes[kv_format])
+                k = torch.zeros(114, num_kv_heads, head_dim, dtype=dtypes[kv_dtype])
                 triton_prefill.varlen_attention_triton(
                     q, k, k, meta.cu_seqlens_q, torch.tensor([0, 64, 114], dtype=torch.int32),
                     40, causal=False, sm_scale=0.125,
@@ -163,18 +163,18 @@ def main() -> None:
                 q = torch.zeros(64, num_q_heads, head_dim, dtype=dtypes[q_dtype])
                 triton_prefill.paged_prefill_triton(
                     q, pages.data, meta.cu_seqlens_q, meta.kv_indptr, meta.kv_indices,
-                    meta.kv_last_page_len, 40, kv_format=kv_format, scales=pages.scales,
+                    meta.kv_last_page_len, 40, kv_dtype=kv_dtype, scales=pages.scales,
                     sm_scale=0.125,
                 )  # fmt: skip
             else:
                 q = torch.zeros(2, num_q_heads, head_dim, dtype=dtypes[q_dtype])
                 triton_decode.paged_decode_triton(
                     q, pages.data, decode_meta.kv_indptr, decode_meta.kv_indices,
-                    decode_meta.kv_last_page_len, kv_format=kv_format, scales=pages.scales,
+                    decode_meta.kv_last_page_len, kv_dtype=kv_dtype, scales=pages.scales,
                     sm_scale=0.125, max_kv_len=64, num_splits=4,
                 )  # fmt: skip
             variant = (
-                f"{kind} q={q_dtype} kv={kv_format} H={num_q_heads}/{num_kv_heads} D={head_dim}"
+                f"{kind} q={q_dtype} kv={kv_dtype} H={num_q_heads}/{num_kv_heads} D={head_dim}"
             )
             for name, config, kernel, estimate in compiled[start:]:
                 cubin = kernel.asm["cubin"]

@@ -71,7 +71,7 @@ def test_visible_pairs_count_the_bottom_right_causal_mask() -> None:
 def test_engine_entry_point_reports_each_call(seed: int, backend: str) -> None:
     batch = paged_batch(
         [1, 7, 21], [23, 7, 50], page_size=16, num_q_heads=9, num_kv_heads=3,
-        head_dim=64, kv_format="int8", q_dtype=torch.float32,
+        head_dim=64, kv_dtype="int8", q_dtype=torch.float32,
     )  # fmt: skip
     pages, meta = batch.pages, batch.meta
     events: list[tuple[str, str, float, float, float]] = []
@@ -81,7 +81,7 @@ def test_engine_entry_point_reports_each_call(seed: int, backend: str) -> None:
     )  # fmt: skip
     ref = paged_attention_reference(
         batch.q, pages.data, meta.cu_seqlens_q, meta.kv_indptr, meta.kv_indices,
-        meta.kv_last_page_len, kv_format="int8", scales=pages.scales,
+        meta.kv_last_page_len, kv_dtype="int8", scales=pages.scales,
     )  # fmt: skip
     assert max_rel_error(out, ref) < 1e-4, f"seed {seed}"
     [(name, shape, seconds, flops, nbytes)] = events
@@ -97,7 +97,7 @@ def test_engine_entry_point_reports_each_call(seed: int, backend: str) -> None:
 def test_decode_batches_report_as_decode(seed: int) -> None:
     batch = paged_batch(
         [1, 1], [5, 40], page_size=16, num_q_heads=4, num_kv_heads=2,
-        head_dim=64, kv_format="fp16", q_dtype=torch.float16,
+        head_dim=64, kv_dtype="fp16", q_dtype=torch.float16,
     )  # fmt: skip
     names = []
     paged_attention(
@@ -109,7 +109,7 @@ def test_decode_batches_report_as_decode(seed: int) -> None:
 def test_torch_paths_match_the_reference(seed: int) -> None:
     batch = paged_batch(
         [1, 7, 21, 1], [23, 7, 50, 2], page_size=4, num_q_heads=9, num_kv_heads=3,
-        head_dim=64, kv_format="fp32", q_dtype=torch.float32,
+        head_dim=64, kv_dtype="fp32", q_dtype=torch.float32,
     )  # fmt: skip
     meta = batch.meta
     out = paged_attention_torch(batch.q, batch.pages.data, meta)  # the engine's call

@@ -28,10 +28,10 @@ Q_DTYPE = {
     "int4": torch.float32,
 }
 CASES = [
-    (head_dim, kv_format)
+    (head_dim, kv_dtype)
     for head_dim in (40, 80, 96)
-    for kv_format in Q_DTYPE
-    if kv_format != "int4" or head_dim % INT4_GROUP == 0
+    for kv_dtype in Q_DTYPE
+    if kv_dtype != "int4" or head_dim % INT4_GROUP == 0
 ] + [(8, "fp16"), (8, "int8"), (200, "bf16"), (224, "int4")]
 PREFILL = ([1, 7, 21], [23, 7, 50])  # a decode row, a fresh prompt, new tokens after a prefix
 DECODE = ([1, 1, 1, 1], [1, 16, 70, 33])
@@ -47,24 +47,24 @@ def in_wider_rows(x: torch.Tensor, fill: float) -> tuple[torch.Tensor, torch.Ten
 
 
 @pytest.mark.parametrize("kind", ["prefill", "decode"])
-@pytest.mark.parametrize(("head_dim", "kv_format"), CASES)
-def test_paged_kernels_at_any_head_dim(seed: int, head_dim: int, kv_format: str, kind: str) -> None:
+@pytest.mark.parametrize(("head_dim", "kv_dtype"), CASES)
+def test_paged_kernels_at_any_head_dim(seed: int, head_dim: int, kv_dtype: str, kind: str) -> None:
     query_lens, kv_lens = PREFILL if kind == "prefill" else DECODE
-    q_dtype = Q_DTYPE[kv_format]
+    q_dtype = Q_DTYPE[kv_dtype]
     batch = paged_batch(
         query_lens, kv_lens, page_size=16, num_q_heads=4, num_kv_heads=2,
-        head_dim=head_dim, kv_format=kv_format, q_dtype=q_dtype,
+        head_dim=head_dim, kv_dtype=kv_dtype, q_dtype=q_dtype,
     )  # fmt: skip
     pages, meta = batch.pages, batch.meta
     q, _ = in_wider_rows(batch.q, 1e4)
     out, out_rows = in_wider_rows(torch.empty_like(batch.q), float("nan"))
     paged_attention(
-        q, pages.data, meta, "triton", kv_format=kv_format, scales=pages.scales,
+        q, pages.data, meta, "triton", kv_dtype=kv_dtype, scales=pages.scales,
         num_splits=3, out=out,
     )  # fmt: skip
     ref = paged_attention_reference(
         batch.q, pages.data, meta.cu_seqlens_q, meta.kv_indptr, meta.kv_indices,
-        meta.kv_last_page_len, kv_format=kv_format, scales=pages.scales,
+        meta.kv_last_page_len, kv_dtype=kv_dtype, scales=pages.scales,
     )  # fmt: skip
     assert torch.isfinite(out).all(), f"seed {seed}"
     assert out_rows[..., head_dim:].isnan().all(), f"wrote past head_dim; seed {seed}"
@@ -91,7 +91,7 @@ def test_varlen_at_any_head_dim(seed: int, head_dim: int, dtype: torch.dtype) ->
 def test_head_dims_the_kernels_refuse(head_dim: int) -> None:
     batch = paged_batch(
         [1], [5], page_size=16, num_q_heads=2, num_kv_heads=1,
-        head_dim=head_dim, kv_format="fp32", q_dtype=torch.float32,
+        head_dim=head_dim, kv_dtype="fp32", q_dtype=torch.float32,
     )  # fmt: skip
     with pytest.raises(ValueError, match=f"multiple of 8 up to 256, got {head_dim}"):
         paged_attention(batch.q, batch.pages.data, batch.meta, "triton")

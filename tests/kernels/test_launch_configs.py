@@ -28,15 +28,15 @@ STORED = {
 }
 
 
-def launch(kv_format: str, dot: tl.dtype, head_dim: int) -> tuple[dict, torch.Tensor]:
+def launch(kv_dtype: str, dot: tl.dtype, head_dim: int) -> tuple[dict, torch.Tensor]:
     """The constexprs the pruning sees for a launch, and a K tensor of the stored dtype."""
     kwargs = {
-        "FORMAT": FORMAT_CODES[kv_format],
+        "FORMAT": FORMAT_CODES[kv_dtype],
         "DOT_DTYPE": dot,
         "BLOCK_D": padded_head_dim(head_dim),
         "BLOCK_H": 16,
     }
-    return kwargs, torch.empty(0, dtype=STORED[kv_format])
+    return kwargs, torch.empty(0, dtype=STORED[kv_dtype])
 
 
 def tiles(config) -> tuple:
@@ -66,23 +66,23 @@ def test_fp32_prefill_tiles_shrink_to_fit_sm90() -> None:
     assert [tiles(c) for c in kept] == [(32, 32, 4, 2)]
 
 
-@pytest.mark.parametrize("kv_format", ["fp16", "int8", "int4", "fp8_e4m3"])
-def test_16_bit_dots_keep_every_prefill_config_up_to_head_dim_128(kv_format: str) -> None:
+@pytest.mark.parametrize("kv_dtype", ["fp16", "int8", "int4", "fp8_e4m3"])
+def test_16_bit_dots_keep_every_prefill_config_up_to_head_dim_128(kv_dtype: str) -> None:
     for head_dim in (64, 96, 128):
-        kwargs, kv = launch(kv_format, tl.float16, head_dim)
+        kwargs, kv = launch(kv_dtype, tl.float16, head_dim)
         kept = fitting(prefill_candidates(), prefill_need(kwargs, kv), SM90_SHARED_BYTES)
         assert len(kept) == len(prefill_candidates())
 
 
 def test_decode_keeps_longer_tiles_for_smaller_formats() -> None:
-    def kept_block_n(kv_format: str, head_dim: int) -> list[int]:
-        kwargs, kv = launch(kv_format, tl.float16, head_dim)
+    def kept_block_n(kv_dtype: str, head_dim: int) -> list[int]:
+        kwargs, kv = launch(kv_dtype, tl.float16, head_dim)
         kept = fitting(decode_candidates(), decode_need(kwargs, kv), SM90_SHARED_BYTES)
         return sorted({c.kwargs["BLOCK_N"] for c in kept})
 
     # 256-token tiles of 1-byte and 4-bit pages fit at every head dim; fp16 ones not at 256.
-    for kv_format in ("int8", "fp8_e4m3", "int4"):
-        assert kept_block_n(kv_format, 256) == [32, 64, 128, 256]
+    for kv_dtype in ("int8", "fp8_e4m3", "int4"):
+        assert kept_block_n(kv_dtype, 256) == [32, 64, 128, 256]
     assert kept_block_n("fp16", 128) == [32, 64, 128, 256]
     assert kept_block_n("fp16", 256) == [32, 64, 128]
 

@@ -38,7 +38,7 @@ PREFILL = ([1, 7, 21], [23, 7, 50])  # a decode row, a fresh prompt, new tokens 
 DECODE = ([1, 1, 1, 1], [1, 16, 70, 33])
 
 
-@pytest.mark.parametrize("kv_format", list(UNIT_ERROR))
+@pytest.mark.parametrize("kv_dtype", list(UNIT_ERROR))
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize(
     ("lengths", "page_size", "head_dim"),
@@ -47,7 +47,7 @@ DECODE = ([1, 1, 1, 1], [1, 16, 70, 33])
 )
 def test_format_error_is_bounded(
     seed: int,
-    kv_format: str,
+    kv_dtype: str,
     backend: str,
     lengths: tuple[list[int], list[int]],
     page_size: int,
@@ -56,19 +56,19 @@ def test_format_error_is_bounded(
     query_lens, kv_lens = lengths
     batch = paged_batch(
         query_lens, kv_lens, page_size=page_size, num_q_heads=9, num_kv_heads=3,
-        head_dim=head_dim, kv_format=kv_format, q_dtype=torch.float32,
+        head_dim=head_dim, kv_dtype=kv_dtype, q_dtype=torch.float32,
     )  # fmt: skip
     pages, meta = batch.pages, batch.meta
     out = poisoned(batch.q)
     paged_attention(
-        batch.q, pages.data, meta, backend=backend, kv_format=kv_format, scales=pages.scales,
+        batch.q, pages.data, meta, backend=backend, kv_dtype=kv_dtype, scales=pages.scales,
         num_splits=3, out=out,
     )  # fmt: skip
     assert torch.isfinite(out).all(), f"seed {seed}"
 
     same_kv = paged_attention_reference(
         batch.q, pages.data, meta.cu_seqlens_q, meta.kv_indptr, meta.kv_indices,
-        meta.kv_last_page_len, kv_format=kv_format, scales=pages.scales,
+        meta.kv_last_page_len, kv_dtype=kv_dtype, scales=pages.scales,
     )  # fmt: skip
     assert max_rel_error(out, same_kv) < 1e-4, f"seed {seed}"
 
@@ -77,5 +77,5 @@ def test_format_error_is_bounded(
         pages.dequantize(), meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len
     )
     eps = norm_rel_error(torch.cat([k_q, v_q]), torch.cat([batch.k, batch.v]).double())
-    assert eps < UNIT_ERROR[kv_format], f"seed {seed}"
+    assert eps < UNIT_ERROR[kv_dtype], f"seed {seed}"
     assert norm_rel_error(out, true_kv) < 2 * eps, f"seed {seed}"

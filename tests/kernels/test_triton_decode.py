@@ -37,7 +37,7 @@ def test_decode_matches_reference(
     batch = paged_batch(
         [1, 1, 1, 1], [1, 16, 70, 33],
         page_size=page_size, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-        head_dim=head_dim, kv_format=FORMAT[dtype], q_dtype=dtype,
+        head_dim=head_dim, kv_dtype=FORMAT[dtype], q_dtype=dtype,
     )  # fmt: skip
     meta = batch.meta
     out = poisoned(batch.q)

@@ -72,7 +72,7 @@ def test_paged_prefill_over_cached_prefix(
     batch = paged_batch(
         [1, 7, 21], [23, 7, 50],
         page_size=page_size, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-        head_dim=head_dim, kv_format={torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype],
+        head_dim=head_dim, kv_dtype={torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype],
         q_dtype=dtype,
     )  # fmt: skip
     out = poisoned(batch.q)
