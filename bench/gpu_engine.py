@@ -54,7 +54,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from engine.config import ModelConfig  # noqa: E402
 from engine.device import preset_for_device, synchronize  # noqa: E402
 from engine.dummy import byte_codec, dummy_shell  # noqa: E402
 from engine.engine import Engine  # noqa: E402
@@ -67,6 +66,7 @@ from engine.events import (  # noqa: E402
     StepSummary,
 )
 from engine.memory_budget import predicted_kv_bytes  # noqa: E402
+from engine.model_config import ModelConfig  # noqa: E402
 from engine.presets import model_preset  # noqa: E402
 from engine.sampler import SamplingParams  # noqa: E402
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.loader import LoadedModel
+from engine.model_config import ModelConfig
 from engine.presets import model_preset
 from engine.tokenizer import TextCodec
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ModelConfig
 from engine.errors import ModelLoadError
+from engine.model_config import ModelConfig
 from engine.tokenizer import TextCodec
 
 CACHE_VERSION = 1

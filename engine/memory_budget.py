@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
 from engine.errors import KvscopeError
 from engine.model import DecoderModel
+from engine.model_config import ModelConfig
 from engine.sizing import MemoryBudget, weight_bytes
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
 from engine.engine_config import WEIGHT_DTYPES
 from engine.errors import ModelLoadError
+from engine.model_config import ModelConfig
 
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

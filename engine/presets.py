@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from engine.config import ModelConfig
 from engine.errors import KvscopeError
+from engine.model_config import ModelConfig
 
 T = TypeVar("T")
 

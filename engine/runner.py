@@ -27,7 +27,7 @@ from engine.kv_storage import KVStorage
 from engine.model import DecoderModel
 from engine.request import Request
 from kernels import KVPages, paged_attention
-from kernels.backend import _cost, _kv_vector_bytes  # the kernels' own FLOP/byte counts
+from kernels.backend import paged_attention_cost
 from kernels.metadata import AttentionMetadata
 
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -228,9 +228,5 @@ def _attention_cost(
     q: torch.Tensor, pages: KVPages, meta: AttentionMetadata
 ) -> tuple[str, float, float, float]:
     """(shape, 0 seconds, FLOPs, bytes) of one attention call, counted as the kernels count."""
-    vector = _kv_vector_bytes(pages.data, pages.scales)
-    label = f"ps={meta.page_size} {pages.kv_dtype}"
-    shape, flops, nbytes = _cost(
-        meta.query_lens, meta.kv_lens, q, pages.data.shape[3], vector, True, label
-    )
+    shape, flops, nbytes = paged_attention_cost(q, pages.data, pages.scales, meta, pages.kv_dtype)
     return shape, 0.0, flops, nbytes

@@ -169,12 +169,27 @@ def paged_attention(
         )  # fmt: skip
 
     def cost() -> tuple[str, float, float]:
-        vector = _kv_vector_bytes(kv_pages, scales)
-        label = f"ps={meta.page_size} {kv_dtype}"
-        return _cost(meta.query_lens, meta.kv_lens, q, kv_pages.shape[3], vector, True, label)
+        return paged_attention_cost(q, kv_pages, scales, meta, kv_dtype)
 
     name = f"{kind}.{'paged_decode' if decode else 'paged_prefill'}"
     return _report(on_kernel, name, q.device, run, cost)
+
+
+def paged_attention_cost(
+    q: torch.Tensor,
+    kv_pages: torch.Tensor,
+    scales: torch.Tensor | None,
+    meta: AttentionMetadata,
+    kv_dtype: str | None,
+) -> tuple[str, float, float]:
+    """(shape, FLOPs, bytes) of one paged attention call, as ``on_kernel`` reports them.
+
+    Public so that a caller timing kernels its own way (the engine's CUDA events)
+    counts work exactly as the kernels do.
+    """
+    vector = _kv_vector_bytes(kv_pages, scales)
+    label = f"ps={meta.page_size} {kv_dtype}"
+    return _cost(meta.query_lens, meta.kv_lens, q, kv_pages.shape[3], vector, True, label)
 
 
 def paged_decode_attention(

@@ -8,7 +8,6 @@ import dataclasses
 import pytest
 import torch
 
-from engine.config import ModelConfig
 from engine.dummy import byte_codec, dummy_config, dummy_weights, load_dummy
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
@@ -16,6 +15,7 @@ from engine.errors import KvscopeError, ModelLoadError
 from engine.events import EventBus, MemoryBudgetMeasured
 from engine.loader import LoadedModel, load_model
 from engine.memory_budget import estimate_activation_bytes
+from engine.model_config import ModelConfig
 from engine.presets import model_preset
 from engine.sampler import SamplingParams
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from engine.config import ModelConfig
 from engine.loader import LoadedModel
+from engine.model_config import ModelConfig
 from engine.tokenizer import TextCodec
 
 VOCAB = 64
