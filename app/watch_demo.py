@@ -16,32 +16,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from profiler.watch.publisher import EventPublisher
+from profiler.watch.publisher import EventPublisher, vllm_block_removed, vllm_block_stored
 from profiler.watch.session import WatchSession
 from profiler.watch.sources import SourceSpec
 
 BLOCK_SIZE = 16
-
-
-def _stored(hashes: list[int], parent: int | None, medium: str = "GPU") -> dict[str, Any]:
-    """vLLM >= 0.24's BlockStored (a map; fields without defaults always present)."""
-    return {
-        "type": "BlockStored",
-        "block_hashes": hashes,
-        "parent_block_hash": parent,
-        "token_ids": list(range(BLOCK_SIZE * len(hashes))),
-        "block_size": BLOCK_SIZE,
-        "lora_id": None,
-        "medium": medium,
-        "lora_name": None,
-        "extra_keys": [None] * len(hashes),
-        "group_idx": 0,
-        "kv_cache_spec_kind": "full_attention",
-    }
-
-
-def _removed(hashes: list[int], medium: str = "GPU") -> dict[str, Any]:
-    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium, "group_idx": 0}
 
 
 class _Rank:
@@ -62,13 +41,13 @@ class _Rank:
             parent = chain[i - 1] if i else None
             while len(self.gpu) >= self.capacity:
                 old = self.gpu.popleft()
-                events.append(_removed([old]))
+                events.append(vllm_block_removed([old]))
                 if len(self.cpu) >= self.cpu_capacity:
-                    events.append(_removed([self.cpu.popleft()], "CPU"))
+                    events.append(vllm_block_removed([self.cpu.popleft()], "CPU"))
                 self.cpu.append(old)
-                events.append(_stored([old], None, "CPU"))
+                events.append(vllm_block_stored([old], None, block_size=BLOCK_SIZE, medium="CPU"))
             self.gpu.append(h)
-            events.append(_stored([h], parent))
+            events.append(vllm_block_stored([h], parent, block_size=BLOCK_SIZE))
         if events:
             self.pub.publish(events)
 

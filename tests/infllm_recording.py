@@ -4,6 +4,7 @@ prompts whose distant blocks leave the device, so every step records retrievals
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -11,14 +12,16 @@ from tiny_model import VOCAB, tiny_loaded
 
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
-from engine.events import EventBus
+from engine.events import Event, EventBus
 from engine.sampler import SamplingParams
 from profiler.recorder import Recorder
 
 
-def record_infllm(path: Path) -> int:
-    """Record the run into ``path``; returns its run id (about 2 s)."""
+def record_infllm(path: Path, also: Callable[[Event], None] | None = None) -> int:
+    """Record the run into ``path``; returns its run id (about 2 s). ``also`` sees every event."""
     bus = EventBus()
+    if also is not None:
+        bus.subscribe(also)
     config = EngineConfig(
         page_size=4,
         kv_budget_bytes=1 << 20,

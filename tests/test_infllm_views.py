@@ -3,43 +3,21 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from tiny_model import VOCAB, tiny_loaded
+from infllm_recording import record_infllm
 
 from app.dashboard.infllm_figures import MIB, block_heatmap, resident_bytes_figure
 from db.infllm import retrievals
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.events import EventBus, InfLLMRetrieval
-from engine.sampler import SamplingParams
-from profiler.recorder import Recorder
+from engine.events import InfLLMRetrieval
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     db = tmp_path_factory.mktemp("infllm") / "run.db"
-    bus = EventBus()
-    config = EngineConfig(
-        page_size=4,
-        kv_budget_bytes=1 << 20,
-        max_batched_tokens=32,
-        attention_mode="infllm",
-        infllm_initial_tokens=8,
-        infllm_local_tokens=16,
-        infllm_block_pages=2,
-        infllm_topk_blocks=3,
-    )
-    engine = Engine(config, bus=bus, loaded=tiny_loaded(max_position=1024))
     emitted: list[InfLLMRetrieval] = []
-    bus.subscribe(lambda e: emitted.append(e) if isinstance(e, InfLLMRetrieval) else None)
-    recorder = Recorder(db, {"test": True}, model="tiny")
-    bus.subscribe(recorder.on_event)
-    recorder.start()
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (220, 120)]
-    engine.generate(prompts, SamplingParams(max_tokens=12))
-    recorder.finish("complete")
-    return db, recorder.run_id, emitted
+    run_id = record_infllm(
+        db, also=lambda e: emitted.append(e) if isinstance(e, InfLLMRetrieval) else None
+    )
+    return db, run_id, emitted
 
 
 def test_retrievals_read_back(recorded):

@@ -24,6 +24,30 @@ from engine.errors import KvscopeError
 from profiler.watch.wire import REPLAY_END, pack_seq
 
 
+def vllm_block_stored(
+    hashes: list[int], parent: int | None = None, *, block_size: int = 16, medium: str = "GPU"
+) -> dict[str, Any]:
+    """vLLM >= 0.24's BlockStored: a map with the fields without defaults always present."""
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": list(range(block_size * len(hashes))),
+        "block_size": block_size,
+        "lora_id": None,
+        "medium": medium,
+        "lora_name": None,
+        "extra_keys": [None] * len(hashes),
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
+    }
+
+
+def vllm_block_removed(hashes: list[int], medium: str = "GPU") -> dict[str, Any]:
+    """vLLM >= 0.24's BlockRemoved."""
+    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium, "group_idx": 0}
+
+
 def _binds(endpoint: str) -> bool:
     """vLLM's rule: bind for wildcards and ipc/inproc, connect otherwise."""
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))

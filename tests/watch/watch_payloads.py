@@ -4,28 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from profiler.watch.publisher import vllm_block_removed as vllm_removed
+from profiler.watch.publisher import vllm_block_stored as vllm_stored
 
-def vllm_stored(
-    hashes: list[int], parent: int | None = None, *, block_size: int = 16, medium: str = "GPU"
-) -> dict[str, Any]:
-    """vLLM >= 0.24: a map with the fields without defaults always present (null if unset)."""
-    return {
-        "type": "BlockStored",
-        "block_hashes": hashes,
-        "parent_block_hash": parent,
-        "token_ids": list(range(block_size * len(hashes))),
-        "block_size": block_size,
-        "lora_id": None,
-        "medium": medium,
-        "lora_name": None,
-        "extra_keys": [None] * len(hashes),
-        "group_idx": 0,
-        "kv_cache_spec_kind": "full_attention",
-    }
-
-
-def vllm_removed(hashes: list[int], medium: str = "GPU") -> dict[str, Any]:
-    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium, "group_idx": 0}
+__all__ = ["vllm_removed", "vllm_stored", "sglang_stored", "vllm_positional_stored"]
 
 
 def vllm_positional_stored(
