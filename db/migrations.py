@@ -168,10 +168,17 @@ def _v3_watch(db: Database) -> None:
     create_watch_tables(db)
 
 
+def _v4_gpu_index(db: Database) -> None:
+    """``gpu_samples.device`` -> ``gpu_index``: "device" names the execution device
+    (``cpu``, ``cuda:N``) everywhere else; this column is NVML's GPU index."""
+    db.execute("ALTER TABLE gpu_samples RENAME COLUMN device TO gpu_index")
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_initial,
     _v2_liveness_and_metrics,
     _v3_watch,
+    _v4_gpu_index,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

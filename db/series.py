@@ -50,7 +50,7 @@ class GpuPoint:
     """One time bucket of GPU samples of one device (means over the bucket)."""
 
     t_s: float
-    device: int
+    gpu_index: int
     utilization_pct: float | None
     memory_used_bytes: float | None
     memory_total_bytes: float | None
@@ -213,11 +213,11 @@ def gpu_series(
             return []
         rows = conn.execute(
             f"""SELECT {bucket_sql(lo, hi, max_points)} AS b,
-                       device, MAX(ts_ns), AVG(utilization_pct), AVG(memory_used_bytes),
+                       gpu_index, MAX(ts_ns), AVG(utilization_pct), AVG(memory_used_bytes),
                        AVG(memory_total_bytes), AVG(power_w), AVG(sm_clock_mhz),
                        AVG(torch_allocated_bytes)
                 FROM gpu_samples WHERE run_id = ? AND ts_ns BETWEEN ? AND ?
-                GROUP BY b, device ORDER BY b, device""",
+                GROUP BY b, gpu_index ORDER BY b, gpu_index""",
             (run_id, lo, hi),
         ).fetchall()
     return [GpuPoint((row[2] - start_ns) / 1e9, row[1], *row[3:]) for row in rows]

@@ -264,7 +264,7 @@ class MemoryBudgetMeasured(Event):
 @dataclass(frozen=True, slots=True)
 class GpuSample(Event):
     kind: ClassVar[str] = "gpu_sample"
-    device: int
+    gpu_index: int  # NVML index of the GPU sampled
     utilization_pct: float
     memory_used_bytes: int
     memory_total_bytes: int

@@ -83,7 +83,7 @@ class GpuSampler:
                 GpuSample(
                     ts_ns=ts,
                     step=step,
-                    device=index,
+                    gpu_index=index,
                     utilization_pct=_reading(
                         lambda h=handle: float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
                     ),

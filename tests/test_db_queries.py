@@ -218,7 +218,7 @@ def test_gpu_series(recorded, tmp_path: Path) -> None:
     path, run_id, run = recorded
     points = queries.gpu_series(path, run_id, max_points=4)
     assert 0 < len(points) <= 4
-    assert points[0].utilization_pct == 50.0 and points[0].device == 0
+    assert points[0].utilization_pct == 50.0 and points[0].gpu_index == 0
     no_gpu_id, _ = record_synthetic(tmp_path / "cpu.db", num_requests=3)
     assert queries.gpu_series(tmp_path / "cpu.db", no_gpu_id) == []
 

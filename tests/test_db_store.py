@@ -26,7 +26,7 @@ from engine.events import GpuSample, KernelTiming, StepSummary
 def test_new_database_is_wal_current_and_marked(tmp_path: Path) -> None:
     db = open_db(tmp_path / "k.db")
     assert db.journal_mode == "wal"
-    assert schema_version(db) == SCHEMA_VERSION == 3
+    assert schema_version(db) == SCHEMA_VERSION == 4
     assert db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
     assert db.execute("PRAGMA synchronous").fetchone()[0] == 1  # normal
     db.conn.close()
@@ -126,4 +126,31 @@ def test_insert_column_orders_match_tables_and_events(tmp_path: Path) -> None:
         assert set(columns) <= set(db[table].columns_dict)
         assert set(columns) <= set(event.__dataclass_fields__)
     assert set(PAGE_MAP_COLUMNS) <= set(db["page_maps"].columns_dict)
+    db.conn.close()
+
+
+def test_migration_to_version_4_keeps_gpu_samples_under_gpu_index(tmp_path: Path) -> None:
+    path = tmp_path / "v3.db"
+    db = sqlite_utils.Database(sqlite3.connect(path), execute_plugins=False)
+    assert migrate(db, target=3) == 3
+    db["runs"].insert(
+        {"kind": "engine", "model": "m", "status": "complete", "started_at": 1.0, "start_ns": 0}
+    )
+    db["gpu_samples"].insert_all(
+        [
+            {"run_id": 1, "ts_ns": 1_000_000_000 * i, "step": i, "device": i % 2}
+            | {"utilization_pct": 40.0 + i, "memory_used_bytes": 1 << 30}
+            for i in range(4)
+        ]
+    )
+    db.conn.commit()
+    db.conn.close()
+
+    db = open_db(path)
+    assert schema_version(db) == SCHEMA_VERSION
+    columns = db["gpu_samples"].columns_dict
+    assert "gpu_index" in columns and "device" not in columns
+    points = queries.gpu_series(db, 1)
+    assert sorted({p.gpu_index for p in points}) == [0, 1]
+    assert sorted(p.utilization_pct for p in points) == [40.0, 41.0, 42.0, 43.0]
     db.conn.close()

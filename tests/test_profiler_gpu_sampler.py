@@ -82,7 +82,7 @@ def test_samples_every_device_and_records_them(
     sampler.stop()
     rec.finish()
     points = queries.gpu_series(tmp_path / "k.db", rec.run_id)
-    assert {p.device for p in points} == {0, 1}
+    assert {p.gpu_index for p in points} == {0, 1}
     assert len(points) >= 4
     first = points[0]
     assert first.utilization_pct == 37 and first.memory_used_bytes == 1 << 30

@@ -575,10 +575,10 @@ def gpu_figure(points: Sequence[GpuPoint]) -> go.Figure:
     _style(fig, "GPU samples", x_title="", height=620)
     fig.update_layout(xaxis3_title=TIME_AXIS)
     gib = 1 / 2**30
-    for device in sorted({p.device for p in points}):
-        mine = [p for p in points if p.device == device]
+    for gpu in sorted({p.gpu_index for p in points}):
+        mine = [p for p in points if p.gpu_index == gpu]
         t = [p.t_s for p in mine]
-        color = RUN_COLORS[device % len(RUN_COLORS)]
+        color = RUN_COLORS[gpu % len(RUN_COLORS)]
         rows = (
             (1, "utilisation", [p.utilization_pct for p in mine], 1.0, "solid"),
             (2, "memory used", [p.memory_used_bytes for p in mine], gib, "solid"),
@@ -591,7 +591,7 @@ def gpu_figure(points: Sequence[GpuPoint]) -> go.Figure:
                 go.Scatter(
                     x=t,
                     y=_scaled(values, factor),
-                    name=f"GPU {device} {name}",
+                    name=f"GPU {gpu} {name}",
                     mode="lines",
                     line={"color": color, "dash": dash},
                 ),
