@@ -132,9 +132,12 @@ async def test_job_runs_live_then_the_ui_stays_open_with_a_notice(tmp_path: Path
 @aio
 async def test_quitting_early_stops_the_job(tmp_path: Path) -> None:
     path = tmp_path / "stop.db"
-    app = KvscopeApp(path, job=engine_job(path, step_pause_s=0.05, **MAIN), refresh_s=0.05)
+    # Slow steps (100+ of them, 0.3 s each): a loaded machine may take seconds to draw the
+    # first screen, and the job must still be running when the user quits.
+    app = KvscopeApp(path, job=engine_job(path, step_pause_s=0.3, **MAIN), refresh_s=0.05)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for_view(pilot, app, lambda v: v.row is not None)
+        assert not app.job_done.is_set()
         await pilot.press("q")
     assert app.job_done.wait(10)
     assert app.job_result is not None and app.job_result["status"] == "interrupted"
