@@ -48,6 +48,11 @@ from app.tui.requests_table import COLUMNS, RequestsTable
 from app.tui.run_picker import RunPicker
 from app.tui.timeline import Timeline
 from app.tui.watch_view import WatchView
+
+# Key actions that act on an engine run's steps and requests (not on a watched deployment).
+ENGINE_RUN_ACTIONS = frozenset(
+    {"toggle_play", "step", "jump", "seek_start", "seek_end", "speed", "sort", "unselect"}
+)
 from db import queries
 from db.schema import RUNNING
 from engine.errors import KvscopeError
@@ -287,6 +292,7 @@ class KvscopeApp(App[None]):
         self.run_id = view.run.run_id
         self._read_note = ""
         if first:
+            self.refresh_bindings()  # a watch run hides the playback keys (check_action)
             self.call_after_refresh(self._budget.restart)  # building the screen is not a refresh
             self.playback.speed = default_speed(view.steps.end_s)
             if not self.follow:
@@ -299,6 +305,11 @@ class KvscopeApp(App[None]):
         self.query_one(RequestsTable).requests = tuple(view.requests)
         self._show_timeline()
         self._show_runbar()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A watched deployment has no steps to play or requests to sort: hide those keys."""
+        watched = self.view is not None and self.view.run.kind == "watch"
+        return not (watched and action in ENGINE_RUN_ACTIONS)
 
     def _show_watch(self, view: View) -> None:
         """Mount the watch view for a watch run (once per run); show the engine body otherwise."""

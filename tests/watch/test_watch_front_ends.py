@@ -120,7 +120,7 @@ def test_tui_app_mounts_the_watch_view_for_a_watch_run(recording, follow: bool) 
     """``kvscope tui DB --run N`` and ``--follow`` (the newest run) on a watch run."""
     path, run_id = recording
 
-    async def drive() -> tuple[bool, bool, list[str]]:
+    async def drive() -> tuple[bool, bool, list[str], set[str]]:
         app = KvscopeApp(path, run_id if not follow else None, follow=follow)
         async with app.run_test(size=(140, 50)) as pilot:
             for _ in range(400):
@@ -129,15 +129,21 @@ def test_tui_app_mounts_the_watch_view_for_a_watch_run(recording, follow: bool) 
                     break
                 await pilot.pause(0.05)
             view = app.query_one(WatchView)
+            await pilot.pause(0.1)
+            footer_actions = {b.binding.action for b in app.active_bindings.values() if b.enabled}
             return (
                 app.query_one("#body").display,
                 app.query_one("#watch-body").display,
                 [s.endpoint for s in view.snapshot.sources],
+                footer_actions,
             )
 
-    body, watch, endpoints = asyncio.run(drive())
+    body, watch, endpoints, actions = asyncio.run(drive())
     assert (body, watch) == (False, True)
     assert endpoints == ["tcp://a:1", "tcp://b:1", "tcp://c:1"]
+    # No playback or request keys on a watched deployment; runs, help and quit stay.
+    assert not {"toggle_play", "step(1)", "step(-1)", "sort"} & actions
+    assert {"switch_run", "help", "quit"} <= actions
 
 
 def _callback(app, output: str, *args, trigger: str = "run.value"):
