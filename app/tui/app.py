@@ -48,14 +48,14 @@ from app.tui.requests_table import COLUMNS, RequestsTable
 from app.tui.run_picker import RunPicker
 from app.tui.timeline import Timeline
 from app.tui.watch_view import WatchView
+from db import queries
+from db.schema import RUNNING
+from engine.errors import KvscopeError
 
 # Key actions that act on an engine run's steps and requests (not on a watched deployment).
 ENGINE_RUN_ACTIONS = frozenset(
     {"toggle_play", "step", "jump", "seek_start", "seek_end", "speed", "sort", "unselect"}
 )
-from db import queries
-from db.schema import RUNNING
-from engine.errors import KvscopeError
 
 # Seconds between database reads.
 REFRESH_S = 0.5
