@@ -60,7 +60,7 @@ browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium librsvg2-bin >/dev/null)
 
 screenshots: install browser
-	$(BIN)/python -m app.screenshots
+	$(BIN)/python -m app.screenshots $(if $(GPU_DB),--gpu-db $(GPU_DB))
 
 bench: install
 	$(BIN)/python bench/vs_transformers.py

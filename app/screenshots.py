@@ -8,10 +8,15 @@ chat runs cannot show: a real-model InfLLM run of the long-context workload
 (the Long context page, the TUI's retrieval strip) and a watched synthetic
 vLLM deployment of four data-parallel ranks (app.watch_demo: the Watched
 deployment page and the TUI's watch view).
+
+``--gpu-db PATH`` draws only the GPU pictures (``tui-gpu.png``, ``dash-gpu-*.png``)
+from the newest run of a database recorded on a GPU, such as the one
+``bench/gpu_engine.py`` writes: nothing here can record a GPU run.
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import tempfile
@@ -21,6 +26,7 @@ from app.dashboard import screenshots as dash_shots
 from app.tui import screenshots as tui_shots
 from app.watch_demo import record_watch_demo
 from db.infllm import retrievals
+from engine.errors import KvscopeError
 
 OUT = Path("screenshots")
 
@@ -49,8 +55,30 @@ def record(db: Path, *flags: str) -> None:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
-def main() -> int:
+# The pages a GPU run adds most to: its throughput, memory budget, kernels against the
+# device's peaks, and the NVML samples.
+GPU_PAGES = ("overview", "kv-cache", "kernels", "gpu")
+
+
+def gpu_pictures(db: Path, out: Path) -> list[Path]:
+    """The TUI and dashboard pictures of the newest run in ``db``, named ``*-gpu*``."""
+    written = tui_shots.shoot(db, None, out, (("tui-gpu", (140, 42), ()),))
+    return written + dash_shots.capture(db, out, pages=GPU_PAGES, prefix="dash-gpu")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app.screenshots")
+    parser.add_argument("--gpu-db", type=Path, help="draw the GPU pictures from this database")
+    args = parser.parse_args(argv)
     OUT.mkdir(exist_ok=True)
+    if args.gpu_db is not None:
+        try:
+            written = gpu_pictures(args.gpu_db, OUT)
+        except KvscopeError as exc:
+            print(f"screenshots: error: {exc}", file=sys.stderr)
+            return 2
+        print("\n".join(map(str, written)))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "shots.db"
         record(db, "--no-prefix-cache")

@@ -81,9 +81,10 @@ def capture(
     out_dir: Path,
     pages: Sequence[str] | None = None,
     skip: Sequence[str] = (),
+    prefix: str = "dash",
 ) -> list[Path]:
     """Serve ``db_path`` on a free local port and save each page (of ``pages``, all by
-    default, less ``skip``) as PNG, showing the newest run."""
+    default, less ``skip``) as ``{prefix}-{page}.png``, showing the newest run."""
     from playwright.sync_api import sync_playwright
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -102,7 +103,7 @@ def capture(
                     page.locator("#requests-table input[type=radio]").nth(3).check()
                     page.wait_for_selector("#requests-detail .gtitle >> text=/Request \\d+/")
                 page.wait_for_timeout(300)  # let transitions settle
-                target = out_dir / f"dash-{key}.png"
+                target = out_dir / f"{prefix}-{key}.png"
                 page.screenshot(path=str(target), full_page=True)
                 written.append(target)
             browser.close()

@@ -115,12 +115,6 @@ class EventBatch:
     dp_rank: int | None = None
 
 
-def _signed_list(values: Any) -> list[int]:
-    if not isinstance(values, list):
-        raise KvscopeError(f"block_hashes is {type(values).__name__}, expected a list")
-    return [v - _TWO_64 if v > _MAX_INT64 else v for v in values]
-
-
 def _as_map(raw: Any) -> dict[str, Any]:
     """An event as a field map, whichever shape it came in."""
     if isinstance(raw, dict):
@@ -145,24 +139,33 @@ _NOTHING_LIST: list[int] = []
 
 
 def decode_event(raw: Any) -> KvEvent:
-    """One event from its msgpack-decoded form (map or positional)."""
-    fields = _as_map(raw)
+    """One event from its msgpack-decoded form (map or positional).
+
+    This runs once per event at fleet rates, so it is written for the usual
+    case (a map of known fields): no intermediate set, list or call per event.
+    """
+    fields = raw if type(raw) is dict else _as_map(raw)
     kind = fields.get("type")
     if not isinstance(kind, str):
         raise KvscopeError("event without a string 'type'")
     known = KNOWN_FIELDS.get(kind)
     if known is None:
         return KvEvent(kind, unknown={k: v for k, v in fields.items() if k != "type"})
-    extra = fields.keys() - known
-    unknown = {k: fields[k] for k in extra} if extra else _NOTHING
+    if known.issuperset(fields):
+        unknown = _NOTHING
+    else:
+        unknown = {k: v for k, v in fields.items() if k not in known}
     if kind == ALL_BLOCKS_CLEARED:
         return KvEvent(kind, unknown=unknown)
     get = fields.get
+    hashes = get("block_hashes", _NOTHING_LIST)
+    if type(hashes) is not list:
+        raise KvscopeError(f"block_hashes is {type(hashes).__name__}, expected a list")
     parent = get("parent_block_hash")
     return KvEvent(
         kind,
-        _signed_list(get("block_hashes", _NOTHING_LIST)),
-        None if parent is None else to_signed64(parent),
+        [v - _TWO_64 if v > _MAX_INT64 else v for v in hashes],
+        None if parent is None or parent <= _MAX_INT64 else parent - _TWO_64,
         get("block_size"),
         get("medium"),
         get("group_idx"),
