@@ -43,8 +43,9 @@ class SourceAttrs:
 
 
 def _hashes_json(hashes: list[int]) -> str:
-    """A JSON array of ints (str of an int is its JSON), faster than json for short lists."""
-    return "[" + ",".join(map(str, hashes)) + "]"
+    """A JSON array of ints: a list of ints' repr is one, but for the spaces
+    (several times faster than json.dumps, and than joining strs for short lists)."""
+    return repr(hashes).replace(" ", "")
 
 
 def _json_default(value: Any) -> Any:
