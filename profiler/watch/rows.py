@@ -1,6 +1,7 @@
 """Decoded batches as ``watch_blocks`` and ``watch_raw`` rows.
 
-One row per event, its hashes a JSON array: a BlockStored of n blocks chains
+One row per event, its hashes a JSON array (a list of ints' repr, but for
+the spaces: several times faster than json.dumps): a BlockStored of n blocks chains
 them, so block i's parent is block i-1 and the first one's is the event's
 ``parent_block_hash``. Token ids are not kept: a block's identity is its hash,
 its size is the source's block size.
@@ -42,12 +43,6 @@ class SourceAttrs:
         )
 
 
-def _hashes_json(hashes: list[int]) -> str:
-    """A JSON array of ints: a list of ints' repr is one, but for the spaces
-    (several times faster than json.dumps, and than joining strs for short lists)."""
-    return repr(hashes).replace(" ", "")
-
-
 def _json_default(value: Any) -> Any:
     return value.hex() if isinstance(value, bytes) else repr(value)
 
@@ -62,20 +57,20 @@ def batch_rows(
     raw: list[tuple],
 ) -> None:
     """Append ``batch``'s rows to ``blocks`` and ``raw``; note its attributes in ``attrs``."""
-    head = (source, seq, ts_ns)
+    # Runs once per event at fleet rates: locals, no helper calls, no tuple unpacking.
+    add = blocks.append
+    block_events = 0
     for event in batch.events:
         kind = event.type
         if event.unknown or kind not in KNOWN_FIELDS:
             payload = json.dumps(event.unknown, default=_json_default)
-            raw.append((*head, kind, payload))
+            raw.append((source, seq, ts_ns, kind, payload))
         if kind == BLOCK_STORED:
             hashes = event.block_hashes
             medium = event.medium
-            blocks.append(
-                (*head, OP_STORED, _hashes_json(hashes), event.parent_block_hash, medium,
-                 event.group_idx, len(hashes))
-            )  # fmt: skip
-            attrs.block_events += len(hashes)
+            add((source, seq, ts_ns, OP_STORED, repr(hashes).replace(" ", ""),
+                 event.parent_block_hash, medium, event.group_idx, len(hashes)))  # fmt: skip
+            block_events += len(hashes)
             if event.block_size is not None:
                 attrs.block_size = event.block_size
             if medium is not None:
@@ -86,10 +81,9 @@ def batch_rows(
                 attrs.lora_names.add(event.lora_name)
         elif kind == BLOCK_REMOVED:
             hashes = event.block_hashes
-            blocks.append(
-                (*head, OP_REMOVED, _hashes_json(hashes), None, event.medium, event.group_idx,
-                 len(hashes))
-            )  # fmt: skip
-            attrs.block_events += len(hashes)
+            add((source, seq, ts_ns, OP_REMOVED, repr(hashes).replace(" ", ""), None,
+                 event.medium, event.group_idx, len(hashes)))  # fmt: skip
+            block_events += len(hashes)
         elif kind == ALL_BLOCKS_CLEARED:
-            blocks.append((*head, OP_CLEARED, None, None, None, None, 0))
+            add((source, seq, ts_ns, OP_CLEARED, None, None, None, None, 0))
+    attrs.block_events += block_events
