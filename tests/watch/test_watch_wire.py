@@ -91,14 +91,21 @@ def test_sglang_negative_hashes_and_cpu_pinned() -> None:
     assert event.medium == "CPU_PINNED" and event.unknown == {}
 
 
-def test_unknown_fields_and_types_are_kept_not_fatal() -> None:
+@pytest.mark.parametrize("tail", [[], [0]])  # without and with a DP rank (the fast path's shape)
+def test_unknown_fields_and_types_are_kept_not_fatal(tail: list[int]) -> None:
     stored = vllm_stored([1]) | {"brand_new": [1, 2]}
     weird = {"type": "BlockPinned", "block_hashes": [3], "why": "test"}
-    events = decode_payload(msgpack.packb([0.0, [stored, weird, CLEARED]])).events
+    events = decode_payload(msgpack.packb([0.0, [stored, weird, CLEARED], *tail])).events
     assert events[0].unknown == {"brand_new": [1, 2]}
     assert events[1].type == "BlockPinned"
     assert events[1].unknown == {"block_hashes": [3], "why": "test"}
     assert events[2].type == "AllBlocksCleared"
+
+
+def test_an_unknown_field_in_an_otherwise_usual_batch_is_kept() -> None:
+    removed = {"type": "BlockRemoved", "block_hashes": [BIG], "medium": "GPU", "new": 1}
+    (event,) = decode_payload(msgpack.packb([2.0, [removed], 0])).events
+    assert event.block_hashes == [to_signed64(BIG)] and event.unknown == {"new": 1}
 
 
 @pytest.mark.parametrize(
