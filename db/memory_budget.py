@@ -9,40 +9,39 @@ recorded before the event existed have none: readers return None.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import fields, make_dataclass
 
 from db.source import Source, connection
 from engine.events import MemoryBudgetMeasured
 
 
-@dataclass(frozen=True, slots=True)
-class MeasuredBudget:
-    device: str
-    device_bytes: int
-    memory_fraction: float
-    weights_bytes: int
-    activation_bytes: int
-    overhead_bytes: int
-    kv_bytes: int
-    activations_measured: bool
-    overhead_measured: bool
-    predicted_kv_bytes: int
+def _terms(self) -> list[tuple[str, int, str]]:
+    """(term, bytes, how it was obtained) for the four terms of the budget,
+    then calc's predicted KV cache for the same device."""
+    return [
+        ("weights", self.weights_bytes, "measured"),
+        ("activations", self.activation_bytes, _how(self.activations_measured)),
+        ("framework overhead", self.overhead_bytes, _how(self.overhead_measured)),
+        ("KV cache", self.kv_bytes, "allocated"),
+        ("KV cache, calc predicts", self.predicted_kv_bytes, "kvscope calc"),
+    ]
 
-    def terms(self) -> list[tuple[str, int, str]]:
-        """(term, bytes, how it was obtained) for the four terms of the budget,
-        then calc's predicted KV cache for the same device."""
-        return [
-            ("weights", self.weights_bytes, "measured"),
-            ("activations", self.activation_bytes, _how(self.activations_measured)),
-            ("framework overhead", self.overhead_bytes, _how(self.overhead_measured)),
-            ("KV cache", self.kv_bytes, "allocated"),
-            ("KV cache, calc predicts", self.predicted_kv_bytes, "kvscope calc"),
-        ]
 
-    @property
-    def kv_vs_prediction(self) -> float | None:
-        """The measured KV cache over calc's prediction (1.0: as predicted)."""
-        return self.kv_bytes / self.predicted_kv_bytes if self.predicted_kv_bytes else None
+def _kv_vs_prediction(self) -> float | None:
+    """The measured KV cache over calc's prediction (1.0: as predicted)."""
+    return self.kv_bytes / self.predicted_kv_bytes if self.predicted_kv_bytes else None
+
+
+# The event's fields less its time and step: one definition of what is recorded.
+MeasuredBudget = make_dataclass(
+    "MeasuredBudget",
+    [(f.name, f.type) for f in fields(MemoryBudgetMeasured)[2:]],
+    frozen=True,
+    slots=True,
+    namespace={"terms": _terms, "kv_vs_prediction": property(_kv_vs_prediction)},
+)
+MeasuredBudget.__module__ = __name__
+MeasuredBudget.__doc__ = "A run's measured memory budget, as ``MemoryBudgetMeasured`` recorded it."
 
 
 def _how(measured: bool) -> str:
@@ -59,7 +58,7 @@ def measured_budget(source: Source, run_id: int) -> MeasuredBudget | None:
     if row is None:
         return None
     p = json.loads(row[0])
-    names = MeasuredBudget.__dataclass_fields__
+    names = [f.name for f in fields(MeasuredBudget)]
     values = {name: p[name] for name in names}
     for flag in ("activations_measured", "overhead_measured"):
         values[flag] = bool(values[flag])  # SQLite's json_object stores booleans as 0/1

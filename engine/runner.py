@@ -27,7 +27,7 @@ from engine.kv_storage import KVStorage
 from engine.model import DecoderModel
 from engine.request import Request
 from kernels import KVPages, paged_attention
-from kernels.backend import paged_attention_cost
+from kernels.backend import paged_attention_cost, paged_kernel_name
 from kernels.metadata import AttentionMetadata
 
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -207,8 +207,7 @@ class ModelRunner:
                     q, pages.data, step_meta, backend=backend, kv_dtype=pages.kv_dtype,
                     scales=pages.scales,
                 )  # fmt: skip
-            name = f"{backend}.{'paged_decode' if step_meta.is_decode_only else 'paged_prefill'}"
-            add(name, *_attention_cost(q, pages, step_meta))
+            add(paged_kernel_name(backend, step_meta), *_attention_cost(q, pages, step_meta))
             return out
 
         return attend, totals

@@ -171,8 +171,12 @@ def paged_attention(
     def cost() -> tuple[str, float, float]:
         return paged_attention_cost(q, kv_pages, scales, meta, kv_dtype)
 
-    name = f"{kind}.{'paged_decode' if decode else 'paged_prefill'}"
-    return _report(on_kernel, name, q.device, run, cost)
+    return _report(on_kernel, paged_kernel_name(kind, meta), q.device, run, cost)
+
+
+def paged_kernel_name(backend: str, meta: AttentionMetadata) -> str:
+    """The name a paged attention call is reported under, e.g. ``triton.paged_decode``."""
+    return f"{backend}.{'paged_decode' if meta.is_decode_only else 'paged_prefill'}"
 
 
 def paged_attention_cost(
