@@ -14,6 +14,7 @@ from engine.engine_config import (
     ATTENTION_BACKENDS,
     ATTENTION_MODES,
     EVICTION_POLICIES,
+    INFLLM_REPRS,
     LOAD_FORMATS,
     OFFLOAD_MODES,
     PREEMPTION_MODES,
@@ -207,7 +208,15 @@ def add_engine_options(
         type=int,
         default=4,
         metavar="N",
-        help="infllm: representative keys per block, per layer and KV head (default 4)",
+        help="infllm: attended representative keys per block, per layer and KV head (default 4)",
+    )
+    g.add_argument(
+        "--infllm-repr",
+        choices=INFLLM_REPRS,
+        default=INFLLM_REPRS[0],
+        help="infllm: block summary used for retrieval: each page's mean key (default), "
+        "the block's most attended keys (the InfLLM paper's), or every key read back from "
+        "the host tier (exact: an upper bound for analysis, as slow as full attention)",
     )
     g.add_argument(
         "--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)"
@@ -245,6 +254,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         infllm_topk_blocks=args.infllm_topk_blocks,
         infllm_block_pages=args.infllm_block_pages,
         infllm_repr_tokens=args.infllm_repr_tokens,
+        infllm_repr=args.infllm_repr,
         load_format=args.load_format,
         device=device,
         enforce_eager=args.enforce_eager,

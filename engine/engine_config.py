@@ -21,6 +21,9 @@ EVICTION_POLICIES = ("lru", "lfu", "fifo")
 OFFLOAD_MODES = ("auto", "always", "never")
 PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_MODES = ("full", "infllm")
+# How a distant block is summarised for retrieval; "exact" (every key, read back from the
+# host tier each step) is the analysis upper bound, not a serving mode.
+INFLLM_REPRS = ("centroid", "attended", "exact")
 INFLLM_KV_DTYPES = ("fp32", "fp16", "bf16")  # infllm reads representative keys from the pages
 WEIGHT_DTYPES = ("auto", "fp32", "bf16", "int8")
 LOAD_FORMATS = ("auto", "dummy")
@@ -57,7 +60,8 @@ class EngineConfig:
     infllm_local_tokens: int = 256
     infllm_topk_blocks: int = 8
     infllm_block_pages: int = 4
-    infllm_repr_tokens: int = 4
+    infllm_repr_tokens: int = 4  # attended representatives only
+    infllm_repr: str = "centroid"
     device: str = "cpu"  # cpu | cuda | cuda:N | auto; resolved to cpu or cuda:N
     enforce_eager: bool = False  # no CUDA graphs for decode (graphs are CUDA-only anyway)
 
@@ -119,6 +123,10 @@ class EngineConfig:
             check(self.infllm_topk_blocks >= 1, "--infllm-topk-blocks must be >= 1")
             check(self.infllm_block_pages >= 1, "--infllm-block-pages must be >= 1")
             check(self.infllm_repr_tokens >= 1, "--infllm-repr-tokens must be >= 1")
+            check(
+                self.infllm_repr in INFLLM_REPRS,
+                f"--infllm-repr must be one of {', '.join(INFLLM_REPRS)}",
+            )
             check(
                 self.kv_dtype in INFLLM_KV_DTYPES,
                 f"infllm attention needs a float KV dtype ({', '.join(INFLLM_KV_DTYPES)})",

@@ -4,19 +4,38 @@ Following InfLLM (Xiao et al., 2024), a request's KV is split into the
 *initial* tokens (attention sinks), the *local* window (the most recent
 tokens) and the distant tokens between them, grouped into memory blocks of
 ``block_pages`` pages. When a block leaves the local window its pages are
-copied to the host tier and freed on the device; the block keeps
-``repr_tokens`` representative keys per layer and KV head: the tokens that
-received the highest attention score from the local-window queries that
-followed them (InfLLM's ``r_m = sum_j q_{m+j} . k_m``, accumulated here while
-the token sits in the local window).
+copied to the host tier and freed on the device; the block keeps a small
+summary per layer and KV head, computed once, that retrieval scores queries
+against. Two summaries (``--infllm-repr``):
 
-Every layer of every step, each request's queries (summed over the step's
-tokens and a GQA group's heads: one query per KV head) score the distant blocks
-by ``sum over representatives and heads of q . k_repr``; the top-k blocks are
-brought into a small per-request device cache of retrieved blocks (LRU per
-layer, since each layer retrieves its own blocks) and the layer attends over
-``initial pages + retrieved blocks (in position order) + local pages`` through
-the same paged kernels: only the page table differs.
+- ``centroid`` (default): each page's mean key, as stored (rotated at its own
+  position). Averaging 16 rotated keys cancels the fast-rotating rope
+  channels and keeps the slow ones, which carry content, so a centroid scored
+  against a query at its real position measures what the page is about,
+  at its true distance (ShadowKV's "landmarks" do the same). Each query
+  head's scores over all centroids are turned into a softmax, and a block's
+  score is the probability mass its centroids receive, summed over heads and
+  queries: a head with large logits cannot outvote the others.
+- ``exact``: no summary; every step scores all of a block's keys, read back
+  from the host tier. It reads as much as full attention does, so it serves
+  nothing; it measures the best any summary could do at the same top-k
+  (``kvscope eval`` compares the three).
+- ``attended``: InfLLM's representative tokens, the ``repr_tokens`` keys
+  that received the highest attention score from the local-window queries
+  that followed them (``r_m = sum_j q_{m+j} . k_m``, accumulated while the
+  token sits in the local window), un-rotated to position 0 and scored at one
+  fixed distance with the summed query, as the paper does.
+
+Centroids are the default because they retrieve what attention needs more
+often: at 8,000 tokens the attended tokens missed the half of a pass-key
+sentence that sat in the next block, and the centroids did not (docs/infllm.md).
+
+Every layer of every step, each request's queries score the distant blocks;
+the top-k blocks are brought into a small per-request device cache of
+retrieved blocks (LRU per layer, since each layer retrieves its own blocks)
+and the layer attends over ``initial pages + retrieved blocks (in position
+order) + local pages`` through the same paged kernels: only the page table
+differs.
 
 Positions: K is rotated (rope) with its absolute position when it is written
 to the cache, so retrieved tokens keep their original positions. InfLLM gives
@@ -81,7 +100,7 @@ class RequestMemory:
     host_slots: list[list[int]] = field(default_factory=list)  # per distant block, per page
     repr_keys: list[torch.Tensor] = field(default_factory=list)  # per block [L, r, Hkv, D]
     stacked: torch.Tensor | None = None  # [L, blocks, r, Hkv, D], rebuilt when blocks grow
-    scores: torch.Tensor | None = None  # [L, positions, Hkv] accumulated representativeness
+    scores: torch.Tensor | None = None  # [L, positions, Hkv] attended representativeness
     cache_pages: list[int] = field(default_factory=list)  # device pages of the retrieved blocks
     caches: list[BlockCache] = field(default_factory=list)  # per layer
 
@@ -129,7 +148,14 @@ class InfLLMMemory:
         self.local_pages = -(-config.infllm_local_tokens // ps)
         self.block_pages = config.infllm_block_pages
         self.topk = config.infllm_topk_blocks
-        self.repr_tokens = min(config.infllm_repr_tokens, self.block_pages * ps)
+        self.repr = config.infllm_repr
+        # Representatives per block: one centroid per page, or the most attended tokens
+        # (exact scoring reads the keys themselves; its centroids cost one mean per page).
+        self.repr_tokens = (
+            min(config.infllm_repr_tokens, self.block_pages * ps)
+            if self.repr == "attended"
+            else self.block_pages
+        )
         self.page_bytes = storage.nbytes // storage.data.shape[1]
         self.rope = rope
         # Retrieval scores every block at one fixed distance, the local window's (InfLLM).
@@ -152,7 +178,8 @@ class InfLLMMemory:
         for req, n in zip(requests, num_new, strict=True):
             mem = self.requests.setdefault(req.request_id, RequestMemory())
             start, end = req.num_computed, req.num_computed + n
-            self._grow_scores(mem, end)
+            if self.repr == "attended":
+                self._grow_scores(mem, end)
             # A block is distant once all of its pages are before the local window.
             window_page = max(self.initial_pages, (start - self.local_pages * ps) // ps)
             while self.initial_pages + (mem.num_blocks + 1) * bp <= window_page:
@@ -182,7 +209,8 @@ class InfLLMMemory:
         for row in self._rows:
             mem = row.memory
             qr = q[row.q_start : row.q_end]
-            self._accumulate(layer, row, qr, pages)
+            if self.repr == "attended":
+                self._accumulate(layer, row, qr, pages)
             if mem.num_blocks == 0:
                 tables.append(row.initial + row.local)
                 continue
@@ -302,14 +330,19 @@ class InfLLMMemory:
         first = self.initial_pages + mem.num_blocks * bp
         pages = req.pages[first : first + bp]
         ids = torch.tensor(pages, dtype=torch.long, device=self.storage.data.device)
-        keys = self.storage.data[:, ids, 0].flatten(1, 2).float()  # [L, T, Hkv, D]
-        # Undo the rope of each key's own position: representatives sit at position 0.
-        cos, sin = self.rope.lookup(torch.arange(first * ps, (first + bp) * ps, device=ids.device))
-        keys = apply_rotary(keys, cos, -sin)
-        scores = mem.scores[:, first * ps : (first + bp) * ps]  # [L, T, Hkv]
-        top = scores.topk(self.repr_tokens, dim=1).indices  # [L, r, Hkv]
-        index = top[..., None].expand(-1, -1, -1, keys.shape[-1])
-        mem.repr_keys.append(keys.gather(1, index))
+        keys = self.storage.data[:, ids, 0].float()  # [L, bp, ps, Hkv, D]
+        if self.repr != "attended":
+            mem.repr_keys.append(keys.mean(2))  # [L, bp, Hkv, D], rotated as stored
+        else:
+            keys = keys.flatten(1, 2)  # [L, T, Hkv, D]
+            # Undo the rope of each key's own position: representatives sit at position 0.
+            positions = torch.arange(first * ps, (first + bp) * ps, device=ids.device)
+            cos, sin = self.rope.lookup(positions)
+            keys = apply_rotary(keys, cos, -sin)
+            scores = mem.scores[:, first * ps : (first + bp) * ps]  # [L, T, Hkv]
+            top = scores.topk(self.repr_tokens, dim=1).indices  # [L, r, Hkv]
+            index = top[..., None].expand(-1, -1, -1, keys.shape[-1])
+            mem.repr_keys.append(keys.gather(1, index))
         mem.stacked = None
         host = self.kv.host
         if host.num_free < bp:
@@ -341,25 +374,52 @@ class InfLLMMemory:
             self.kv.bus.emit(PagesAllocated(now_ns(), self.kv.step, req.request_id, tuple(pages)))
 
     def _select(self, layer: int, mem: RequestMemory, q: torch.Tensor, end: int) -> list[int]:
-        """Top-k blocks by the summed query's score against their representative keys.
-
-        ``q`` holds the queries of positions ``end - len(q) .. end - 1``, rotated for
-        those positions; they are re-rotated to ``score_position`` so every block is
-        scored at the same distance (InfLLM assigns all distant tokens one position):
-        the ranking then reflects content, not how far back a block is.
-        """
+        """The top-k distant blocks for the queries ``q`` (positions ``end - len(q) .. end - 1``)."""
         if mem.stacked is None:
             mem.stacked = torch.stack(mem.repr_keys, dim=1)
         reps = mem.stacked[layer]  # [blocks, r, Hkv, D]
+        if self.repr == "attended":
+            scores = self._attended_scores(reps, q, end)
+        elif self.repr == "exact":
+            slots = torch.tensor([s for block in mem.host_slots for s in block])
+            keys = self.kv.host.tensors[0][layer, slots, 0]  # [blocks x bp, ps, Hkv, D]
+            keys = keys.to(reps.device).view(mem.num_blocks, -1, *keys.shape[-2:]).float()
+            scores = self._mass_scores(keys, q)
+        else:
+            scores = self._mass_scores(reps, q)
+        k = min(self.topk, mem.num_blocks)
+        return sorted(scores.topk(k).indices.tolist())
+
+    @staticmethod
+    def _mass_scores(reps: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Each block's share of every query head's softmax over all blocks' keys, summed.
+
+        ``reps`` are page centroids (or, for ``exact``, every key). Queries and
+        keys both carry their real positions' rotation, so the logits see true
+        distances; the softmax per query head makes every head and query count
+        once, whatever the scale of its logits.
+        """
+        blocks, r, num_kv, d = reps.shape
+        qh = q.float().view(q.shape[0], num_kv, -1, d)  # [n, Hkv, G, D]
+        logits = torch.einsum("nhgd,brhd->nhgbr", qh, reps) * d**-0.5
+        mass = torch.softmax(logits.flatten(3), dim=-1).view(logits.shape)
+        return mass.sum((0, 1, 2, 4))
+
+    def _attended_scores(self, reps: torch.Tensor, q: torch.Tensor, end: int) -> torch.Tensor:
+        """InfLLM's score: the summed query against each block's representatives, at one distance.
+
+        ``q`` is rotated for its own positions; it is re-rotated to
+        ``score_position`` so every block is scored at the same distance (InfLLM
+        assigns all distant tokens one position): the ranking then reflects
+        content, not how far back a block is.
+        """
         num_kv = reps.shape[2]
         cos, sin = self.rope.lookup(torch.arange(end - q.shape[0], end, device=q.device))
         q = apply_rotary(q.float(), cos, -sin)
         fixed = torch.full((q.shape[0],), self.score_position, device=q.device)
         q = apply_rotary(q, *self.rope.lookup(fixed))
         query = q.view(q.shape[0], num_kv, -1, q.shape[-1]).sum((0, 2))  # [Hkv, D]
-        scores = torch.einsum("brhd,hd->b", reps, query)
-        k = min(self.topk, mem.num_blocks)
-        return sorted(scores.topk(k).indices.tolist())
+        return torch.einsum("brhd,hd->b", reps, query)
 
     def _fetch(
         self, layer: int, mem: RequestMemory, block: int, keep: set[int], tally: _StepTally

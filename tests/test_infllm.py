@@ -14,6 +14,7 @@ from engine.engine_config import EngineConfig
 from engine.errors import KvscopeError
 from engine.events import EventBus, InfLLMRetrieval
 from engine.infllm import OFFLOADED, RequestMemory
+from engine.model import apply_rotary
 from engine.sampler import SamplingParams
 from profiler.recorder import Recorder
 
@@ -82,8 +83,9 @@ def test_few_blocks_keep_resident_pages_bounded(loaded):
     assert last.offloaded_bytes == last.blocks_total * 2 * page_bytes
 
 
-def test_retrieval_picks_the_block_aligned_with_the_query(loaded):
-    eng = engine(loaded, **INFLLM, infllm_topk_blocks=1)
+@pytest.mark.parametrize("repr_kind", ["centroid", "attended"])
+def test_retrieval_picks_the_block_aligned_with_the_query(loaded, repr_kind):
+    eng = engine(loaded, **INFLLM, infllm_topk_blocks=1, infllm_repr=repr_kind)
     memory = eng.runner.infllm
     g = torch.Generator().manual_seed(0)
     layers, r, hkv, d = 2, memory.repr_tokens, 2, 8
@@ -96,10 +98,30 @@ def test_retrieval_picks_the_block_aligned_with_the_query(loaded):
         mem.repr_keys.append(keys)
         mem.host_slots.append([])
     q = query.repeat_interleave(2, dim=0)[None]  # [1 token, 4 query heads (GQA 2), D]
-    # A query at the scoring position itself: re-rotation leaves it unchanged.
+    # Attended: a query at the scoring position itself, which re-rotation leaves unchanged.
+    # Centroids are scored as they are, at any position.
     end = memory.score_position + 1
     assert memory._select(1, mem, q, end) == [4]
     assert memory._select(1, mem, -q, end) != [4]  # scores are signed: the opposite avoids it
+
+
+def test_exact_retrieval_reads_every_key_from_the_host_tier(loaded):
+    eng = engine(loaded, **INFLLM, infllm_topk_blocks=1, infllm_repr="exact")
+    memory = eng.runner.infllm
+    host = eng.kv.host.tensors[0]  # [L, slots, 2, page, Hkv, D]
+    g = torch.Generator().manual_seed(0)
+    query = torch.randn(host.shape[-2], host.shape[-1], generator=g)
+    mem = RequestMemory()
+    for block in range(6):
+        slots = [2 * block, 2 * block + 1]
+        host[:, slots] = torch.randn(host[:, slots].shape, generator=g) * 0.1
+        mem.host_slots.append(slots)
+        mem.repr_keys.append(torch.zeros(host.shape[0], 2, *host.shape[-2:]))  # centroids: unused
+    host[1, 9, 0, 3] = 3 * query  # one key of block 4 (its second page), layer 1
+    host[0, 2, 0, 1] = 3 * query  # and one of block 1, layer 0
+    q = query.repeat_interleave(2, dim=0)[None]
+    assert memory._select(1, mem, q, 500) == [4]
+    assert memory._select(0, mem, q, 500) == [1]
 
 
 def test_offloaded_pages_live_in_the_host_tier(loaded):
@@ -121,6 +143,41 @@ def test_offloaded_pages_live_in_the_host_tier(loaded):
             for page, host_slot in zip(pages, mem.host_slots[block], strict=True):
                 assert torch.equal(eng.storage.data[layer, page], host[layer, host_slot])
     eng.kv.check_integrity()
+
+
+def test_centroids_are_the_mean_keys_of_each_offloaded_page(loaded):
+    eng = engine(loaded, **INFLLM, infllm_topk_blocks=2)
+    rid = eng.add_request(prompt(200), SamplingParams(max_tokens=30))
+    for _ in range(6):
+        eng.step()
+    mem = eng.runner.infllm.requests[rid]
+    host = eng.kv.host.tensors[0]
+    assert mem.num_blocks >= 2
+    for block, slots in enumerate(mem.host_slots):
+        keys = host[:, slots, 0].float()  # [L, pages, page_size, Hkv, D] as stored
+        assert mem.repr_keys[block].shape == (keys.shape[0], len(slots), *keys.shape[3:])
+        torch.testing.assert_close(mem.repr_keys[block], keys.mean(2))
+    assert mem.scores is None  # centroids need no attention statistics
+
+
+def test_attended_representatives_are_tokens_of_their_block(loaded):
+    eng = engine(loaded, **INFLLM, infllm_topk_blocks=2, infllm_repr="attended")
+    memory = eng.runner.infllm
+    rid = eng.add_request(prompt(200), SamplingParams(max_tokens=30))
+    for _ in range(6):
+        eng.step()
+    mem = memory.requests[rid]
+    host = eng.kv.host.tensors[0]
+    assert mem.num_blocks >= 2 and mem.scores is not None
+    block = mem.repr_keys[0]  # [L, r, Hkv, D], un-rotated to position 0
+    assert block.shape[1] == memory.repr_tokens
+    # Rotated back to some position of the block, each representative is one of its stored keys.
+    keys = host[:, mem.host_slots[0], 0].flatten(1, 2).float()  # [L, T, Hkv, D]
+    first = memory.initial_pages * PAGE
+    cos, sin = memory.rope.lookup(torch.arange(first, first + keys.shape[1]))
+    unrotated = apply_rotary(keys, cos, -sin)
+    dist = (block[:, :, None] - unrotated[:, None]).abs().amax(-1)  # [L, r, T, Hkv]
+    assert bool((dist.amin(2) < 1e-4).all())
 
 
 def test_events_recorded(loaded, tmp_path):

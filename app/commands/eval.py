@@ -127,6 +127,7 @@ def _infllm_config(config: EngineConfig) -> dict:
         "local_tokens": config.infllm_local_tokens,
         "topk_blocks": config.infllm_topk_blocks,
         "block_pages": config.infllm_block_pages,
+        "repr": config.infllm_repr,
         "repr_tokens": config.infllm_repr_tokens,
         "max_batched_tokens": config.max_batched_tokens,
     }
