@@ -8,14 +8,13 @@ copied to the host tier and freed on the device; the block keeps a small
 summary per layer and KV head, computed once, that retrieval scores queries
 against. Two summaries (``--infllm-repr``):
 
-- ``centroid`` (default): each page's mean key, as stored (rotated at its own
-  position). Averaging 16 rotated keys cancels the fast-rotating rope
-  channels and keeps the slow ones, which carry content, so a centroid scored
-  against a query at its real position measures what the page is about,
-  at its true distance (ShadowKV's "landmarks" do the same). Each query
-  head's scores over all centroids are turned into a softmax, and a block's
-  score is the probability mass its centroids receive, summed over heads and
-  queries: a head with large logits cannot outvote the others.
+- ``centroid`` (default): each page's mean key, taken after undoing each
+  key's rope rotation (pre-rope keys share one frame, so their mean keeps
+  every channel), stored in fp16. Queries are scored against the centroids at
+  InfLLM's fixed distance (below); each query head's scores over all
+  centroids become a softmax, and a block's score is the probability mass
+  its centroids receive, summed over heads and queries, so a head with large
+  logits cannot outvote the others.
 - ``exact``: no summary; every step scores all of a block's keys, read back
   from the host tier. It reads as much as full attention does, so it serves
   nothing; it measures the best any summary could do at the same top-k
@@ -27,8 +26,16 @@ against. Two summaries (``--infllm-repr``):
   fixed distance with the summed query, as the paper does.
 
 Centroids are the default because they retrieve what attention needs more
-often: at 8,000 tokens the attended tokens missed the half of a pass-key
-sentence that sat in the next block, and the centroids did not (docs/infllm.md).
+often (the pass-key and perplexity comparison is in docs/infllm.md).
+Both summaries, like the local window, live on the device: a request's
+``resident_bytes`` counts them.
+
+Scoring at one fixed distance: InfLLM gives all distant tokens one position
+(the local window size). Summaries sit at position 0 and each step's queries
+are un-rotated from their own positions and rotated to that distance, so
+every block is scored at the same distance and the ranking reflects content,
+not how far back a block is (with true distances, recent blocks win and
+old needles are missed).
 
 Every layer of every step, each request's queries score the distant blocks;
 the top-k blocks are brought into a small per-request device cache of
@@ -249,7 +256,7 @@ class InfLLMMemory:
                         chosen_layers=tuple(tally.chosen[b] for b in chosen),
                         blocks_reloaded=tally.reloaded,
                         cache_hits=tally.hits,
-                        resident_bytes=self.resident_pages(row.req) * self.page_bytes,
+                        resident_bytes=self.resident_bytes(row.req),
                         offloaded_bytes=mem.num_blocks * self.block_pages * self.page_bytes,
                         seconds=tally.seconds,
                     )
@@ -257,6 +264,12 @@ class InfLLMMemory:
         self._rows, self._tally = [], {}
 
     # --- bookkeeping shared with the KV manager -----------------------------------
+
+    def resident_bytes(self, req: Request) -> int:
+        """Device bytes the request holds: its resident pages and its blocks' summaries."""
+        mem = self.requests.get(req.request_id)
+        summaries = 0 if mem is None else sum(t.nbytes for t in mem.repr_keys)
+        return self.resident_pages(req) * self.page_bytes + summaries
 
     def resident_pages(self, req: Request) -> int:
         mem = self.requests.get(req.request_id)
@@ -330,19 +343,19 @@ class InfLLMMemory:
         first = self.initial_pages + mem.num_blocks * bp
         pages = req.pages[first : first + bp]
         ids = torch.tensor(pages, dtype=torch.long, device=self.storage.data.device)
-        keys = self.storage.data[:, ids, 0].float()  # [L, bp, ps, Hkv, D]
-        if self.repr != "attended":
-            mem.repr_keys.append(keys.mean(2))  # [L, bp, Hkv, D], rotated as stored
-        else:
-            keys = keys.flatten(1, 2)  # [L, T, Hkv, D]
-            # Undo the rope of each key's own position: representatives sit at position 0.
-            positions = torch.arange(first * ps, (first + bp) * ps, device=ids.device)
-            cos, sin = self.rope.lookup(positions)
-            keys = apply_rotary(keys, cos, -sin)
+        keys = self.storage.data[:, ids, 0].float().flatten(1, 2)  # [L, T, Hkv, D]
+        # Undo the rope of each key's own position: summaries sit at position 0.
+        positions = torch.arange(first * ps, (first + bp) * ps, device=ids.device)
+        cos, sin = self.rope.lookup(positions)
+        keys = apply_rotary(keys, cos, -sin)
+        if self.repr == "attended":
             scores = mem.scores[:, first * ps : (first + bp) * ps]  # [L, T, Hkv]
             top = scores.topk(self.repr_tokens, dim=1).indices  # [L, r, Hkv]
             index = top[..., None].expand(-1, -1, -1, keys.shape[-1])
             mem.repr_keys.append(keys.gather(1, index))
+        else:  # one centroid per page, [L, bp, Hkv, D]
+            centroids = keys.view(keys.shape[0], bp, ps, *keys.shape[2:]).mean(2)
+            mem.repr_keys.append(centroids.half())
         mem.stacked = None
         host = self.kv.host
         if host.num_free < bp:
@@ -377,49 +390,43 @@ class InfLLMMemory:
         """The top-k distant blocks for the queries ``q`` (positions ``end - len(q) .. end - 1``)."""
         if mem.stacked is None:
             mem.stacked = torch.stack(mem.repr_keys, dim=1)
-        reps = mem.stacked[layer]  # [blocks, r, Hkv, D]
-        if self.repr == "attended":
-            scores = self._attended_scores(reps, q, end)
-        elif self.repr == "exact":
+        reps = mem.stacked[layer].float()  # [blocks, r, Hkv, D]
+        if self.repr == "exact":  # every key as attention sees it, at its true position
             slots = torch.tensor([s for block in mem.host_slots for s in block])
             keys = self.kv.host.tensors[0][layer, slots, 0]  # [blocks x bp, ps, Hkv, D]
             keys = keys.to(reps.device).view(mem.num_blocks, -1, *keys.shape[-2:]).float()
-            scores = self._mass_scores(keys, q)
+            scores = self._mass_scores(keys, q.float())
         else:
-            scores = self._mass_scores(reps, q)
+            q = self._at_fixed_distance(q, end)
+            if self.repr == "attended":
+                num_kv = reps.shape[2]
+                query = q.view(q.shape[0], num_kv, -1, q.shape[-1]).sum((0, 2))  # [Hkv, D]
+                scores = torch.einsum("brhd,hd->b", reps, query)  # InfLLM's summed score
+            else:
+                scores = self._mass_scores(reps, q)
         k = min(self.topk, mem.num_blocks)
         return sorted(scores.topk(k).indices.tolist())
+
+    def _at_fixed_distance(self, q: torch.Tensor, end: int) -> torch.Tensor:
+        """``q`` (positions ``end - len(q) .. end - 1``) re-rotated to ``score_position``."""
+        cos, sin = self.rope.lookup(torch.arange(end - q.shape[0], end, device=q.device))
+        q = apply_rotary(q.float(), cos, -sin)
+        fixed = torch.full((q.shape[0],), self.score_position, device=q.device)
+        return apply_rotary(q, *self.rope.lookup(fixed))
 
     @staticmethod
     def _mass_scores(reps: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """Each block's share of every query head's softmax over all blocks' keys, summed.
 
-        ``reps`` are page centroids (or, for ``exact``, every key). Queries and
-        keys both carry their real positions' rotation, so the logits see true
-        distances; the softmax per query head makes every head and query count
-        once, whatever the scale of its logits.
+        ``reps`` are page centroids (or, for ``exact``, every key); the softmax
+        per query head makes every head and query count once, whatever the
+        scale of its logits.
         """
         blocks, r, num_kv, d = reps.shape
-        qh = q.float().view(q.shape[0], num_kv, -1, d)  # [n, Hkv, G, D]
+        qh = q.view(q.shape[0], num_kv, -1, d)  # [n, Hkv, G, D]
         logits = torch.einsum("nhgd,brhd->nhgbr", qh, reps) * d**-0.5
         mass = torch.softmax(logits.flatten(3), dim=-1).view(logits.shape)
         return mass.sum((0, 1, 2, 4))
-
-    def _attended_scores(self, reps: torch.Tensor, q: torch.Tensor, end: int) -> torch.Tensor:
-        """InfLLM's score: the summed query against each block's representatives, at one distance.
-
-        ``q`` is rotated for its own positions; it is re-rotated to
-        ``score_position`` so every block is scored at the same distance (InfLLM
-        assigns all distant tokens one position): the ranking then reflects
-        content, not how far back a block is.
-        """
-        num_kv = reps.shape[2]
-        cos, sin = self.rope.lookup(torch.arange(end - q.shape[0], end, device=q.device))
-        q = apply_rotary(q.float(), cos, -sin)
-        fixed = torch.full((q.shape[0],), self.score_position, device=q.device)
-        q = apply_rotary(q, *self.rope.lookup(fixed))
-        query = q.view(q.shape[0], num_kv, -1, q.shape[-1]).sum((0, 2))  # [Hkv, D]
-        return torch.einsum("brhd,hd->b", reps, query)
 
     def _fetch(
         self, layer: int, mem: RequestMemory, block: int, keep: set[int], tally: _StepTally

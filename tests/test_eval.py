@@ -61,8 +61,9 @@ def test_few_blocks_hold_a_fraction_of_the_kv(loaded):
     full, infllm = comparison.passkey(400, 0.5)
     assert full.key == infllm.key and full.num_tokens == 400
     assert full.resident_fraction == 1.0
-    # sinks 2 + local 4..6 + chunk 8 + 2 blocks x 2 pages = at most 20 of ~102 pages
-    assert infllm.resident_fraction <= 20 / 100
+    # sinks 2 + local 4..6 + chunk 8 + 2 blocks x 2 pages = at most 20 of ~102 pages, plus
+    # the summaries: a fp16 centroid per fp32 page (K and V) is 1/16 of the offloaded bytes.
+    assert 0.1 < infllm.resident_fraction <= 20 / 100 + 1 / 16
     ppl_full, ppl_infllm = comparison.perplexity(300, chunk=32)
     assert ppl_infllm.resident_fraction < 0.3
     assert 0 < ppl_infllm.top1_agreement <= 1
