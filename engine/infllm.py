@@ -10,7 +10,7 @@ against. Two summaries (``--infllm-repr``):
 
 - ``centroid`` (default): each page's mean key, taken after undoing each
   key's rope rotation (pre-rope keys share one frame, so their mean keeps
-  every channel), stored in fp16. Queries are scored against the centroids at
+  every channel). Queries are scored against the centroids at
   InfLLM's fixed distance (below); each query head's scores over all
   centroids become a softmax, and a block's score is the probability mass
   its centroids receive, summed over heads and queries, so a head with large
@@ -27,8 +27,8 @@ against. Two summaries (``--infllm-repr``):
 
 Centroids are the default because they retrieve what attention needs more
 often (the pass-key and perplexity comparison is in docs/infllm.md).
-Both summaries, like the local window, live on the device: a request's
-``resident_bytes`` counts them.
+Both summaries are kept in fp16 and, like the local window, live on the
+device: a request's ``resident_bytes`` counts them.
 
 Scoring at one fixed distance: InfLLM gives all distant tokens one position
 (the local window size). Summaries sit at position 0 and each step's queries
@@ -352,7 +352,7 @@ class InfLLMMemory:
             scores = mem.scores[:, first * ps : (first + bp) * ps]  # [L, T, Hkv]
             top = scores.topk(self.repr_tokens, dim=1).indices  # [L, r, Hkv]
             index = top[..., None].expand(-1, -1, -1, keys.shape[-1])
-            mem.repr_keys.append(keys.gather(1, index))
+            mem.repr_keys.append(keys.gather(1, index).half())
         else:  # one centroid per page, [L, bp, Hkv, D]
             centroids = keys.view(keys.shape[0], bp, ps, *keys.shape[2:]).mean(2)
             mem.repr_keys.append(centroids.half())

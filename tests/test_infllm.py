@@ -189,8 +189,9 @@ def test_attended_representatives_are_tokens_of_their_block(loaded):
     assert block.shape[1] == memory.repr_tokens
     # Each representative is one of the block's stored keys, rope undone.
     unrotated = unrotated_host_keys(eng, memory, mem, 0)
-    dist = (block[:, :, None] - unrotated[:, None]).abs().amax(-1)  # [L, r, T, Hkv]
-    assert bool((dist.amin(2) < 1e-4).all())
+    assert block.dtype == torch.float16
+    dist = (block.float()[:, :, None] - unrotated[:, None]).abs().amax(-1)  # [L, r, T, Hkv]
+    assert bool((dist.amin(2) < 2e-3).all())
 
 
 def test_events_recorded(loaded, tmp_path):
