@@ -25,8 +25,10 @@ against. Two summaries (``--infllm-repr``):
   token sits in the local window), un-rotated to position 0 and scored at one
   fixed distance with the summed query, as the paper does.
 
-Centroids are the default because they retrieve what attention needs more
-often (the pass-key and perplexity comparison is in docs/infllm.md).
+Centroids are the default: on every pass-key case and perplexity text
+measured they retrieve as well as the attended tokens (docs/infllm.md), and
+they need no attention statistics, so a step skips accumulating scores over
+the local window in every layer.
 Both summaries are kept in fp16 and, like the local window, live on the
 device: a request's ``resident_bytes`` counts them.
 
