@@ -4,7 +4,7 @@ One request of ``--context`` tokens of corpus text (app/evals/corpus.py) is
 prefilled in each mode on the real model, then ``--steps`` decode steps are
 timed. Attention per step is what the attention path costs: the paged decode
 kernel's own timing summed over layers, plus, for InfLLM, its retrieval work
-(block scoring, reloads, representative-score accumulation) from its events.
+(block scoring, reloads, attended-score accumulation) from its events.
 Prints the median per step and full/infllm ratios (goal: attention >= 2x).
 InfLLM retrieves ``--topk`` blocks (default 20: at 8,000 tokens that keeps
 under 25% of the request's KV resident, the eval's setting) summarised by

@@ -24,7 +24,7 @@ ATTENTION_MODES = ("full", "infllm")
 # How a distant block is summarised for retrieval; "exact" (every key, read back from the
 # host tier each step) is the analysis upper bound, not a serving mode.
 INFLLM_REPRS = ("centroid", "attended", "exact")
-INFLLM_KV_DTYPES = ("fp32", "fp16", "bf16")  # infllm reads representative keys from the pages
+INFLLM_KV_DTYPES = ("fp32", "fp16", "bf16")  # infllm summarises blocks from the keys in the pages
 WEIGHT_DTYPES = ("auto", "fp32", "bf16", "int8")
 LOAD_FORMATS = ("auto", "dummy")
 

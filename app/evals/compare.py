@@ -4,7 +4,8 @@ Both engines share one loaded model; each gets the same configuration except
 its attention mode. Resident KV per request is what the request holds on the
 device: for full attention every token's K/V (whole pages); for InfLLM the
 largest ``resident_bytes`` its retrieval events reported (sinks, local
-window, the prefill chunk being computed and the retrieved-block cache).
+window, the prefill chunk being computed, the retrieved-block cache and the
+block summaries).
 """
 
 from __future__ import annotations
