@@ -107,8 +107,7 @@ class RequestMemory:
     """One request's InfLLM state."""
 
     host_slots: list[list[int]] = field(default_factory=list)  # per distant block, per page
-    repr_keys: list[torch.Tensor] = field(default_factory=list)  # per block [L, r, Hkv, D]
-    stacked: torch.Tensor | None = None  # [L, blocks, r, Hkv, D], rebuilt when blocks grow
+    summaries: torch.Tensor | None = None  # fp16 [L, blocks, r, Hkv, D], grown per block
     scores: torch.Tensor | None = None  # [L, positions, Hkv] attended representativeness
     cache_pages: list[int] = field(default_factory=list)  # device pages of the retrieved blocks
     caches: list[BlockCache] = field(default_factory=list)  # per layer
@@ -116,6 +115,15 @@ class RequestMemory:
     @property
     def num_blocks(self) -> int:
         return len(self.host_slots)
+
+    @property
+    def summary_bytes(self) -> int:
+        return 0 if self.summaries is None else self.summaries.nbytes
+
+    def add_summary(self, summary: torch.Tensor) -> None:
+        """Append the next block's summary ``[L, r, Hkv, D]`` (kept in fp16)."""
+        block = summary.half()[:, None]
+        self.summaries = block if self.summaries is None else torch.cat([self.summaries, block], 1)
 
 
 @dataclass(slots=True)
@@ -270,7 +278,7 @@ class InfLLMMemory:
     def resident_bytes(self, req: Request) -> int:
         """Device bytes the request holds: its resident pages and its blocks' summaries."""
         mem = self.requests.get(req.request_id)
-        summaries = 0 if mem is None else sum(t.nbytes for t in mem.repr_keys)
+        summaries = 0 if mem is None else mem.summary_bytes
         return self.resident_pages(req) * self.page_bytes + summaries
 
     def resident_pages(self, req: Request) -> int:
@@ -354,11 +362,9 @@ class InfLLMMemory:
             scores = mem.scores[:, first * ps : (first + bp) * ps]  # [L, T, Hkv]
             top = scores.topk(self.repr_tokens, dim=1).indices  # [L, r, Hkv]
             index = top[..., None].expand(-1, -1, -1, keys.shape[-1])
-            mem.repr_keys.append(keys.gather(1, index).half())
+            mem.add_summary(keys.gather(1, index))
         else:  # one centroid per page, [L, bp, Hkv, D]
-            centroids = keys.view(keys.shape[0], bp, ps, *keys.shape[2:]).mean(2)
-            mem.repr_keys.append(centroids.half())
-        mem.stacked = None
+            mem.add_summary(keys.view(keys.shape[0], bp, ps, *keys.shape[2:]).mean(2))
         host = self.kv.host
         if host.num_free < bp:
             raise KvscopeError("infllm: the host tier is full; raise --host-budget")
@@ -390,15 +396,13 @@ class InfLLMMemory:
 
     def _select(self, layer: int, mem: RequestMemory, q: torch.Tensor, end: int) -> list[int]:
         """The top-k distant blocks for the queries ``q`` (positions ``end - len(q) .. end - 1``)."""
-        if mem.stacked is None:
-            mem.stacked = torch.stack(mem.repr_keys, dim=1)
-        reps = mem.stacked[layer].float()  # [blocks, r, Hkv, D]
         if self.repr == "exact":  # every key as attention sees it, at its true position
             slots = torch.tensor([s for block in mem.host_slots for s in block])
             keys = self.kv.host.tensors[0][layer, slots, 0]  # [blocks x bp, ps, Hkv, D]
-            keys = keys.to(reps.device).view(mem.num_blocks, -1, *keys.shape[-2:]).float()
+            keys = keys.to(q.device).view(mem.num_blocks, -1, *keys.shape[-2:]).float()
             scores = self._mass_scores(keys, q.float())
         else:
+            reps = mem.summaries[layer].float()  # [blocks, r, Hkv, D]
             q = self._at_fixed_distance(q, end)
             if self.repr == "attended":
                 num_kv = reps.shape[2]

@@ -98,7 +98,7 @@ def test_retrieval_picks_the_block_aligned_with_the_query(loaded, repr_kind):
         keys = torch.randn(layers, r, hkv, d, generator=g) * 0.1
         if block == 4:
             keys[1] += query  # layer 1's representatives of block 4 point along the query
-        mem.repr_keys.append(keys)
+        mem.add_summary(keys)
         mem.host_slots.append([])
     q = query.repeat_interleave(2, dim=0)[None]  # [1 token, 4 query heads (GQA 2), D]
     # Attended: a query at the scoring position itself, which re-rotation leaves unchanged.
@@ -119,7 +119,7 @@ def test_exact_retrieval_reads_every_key_from_the_host_tier(loaded):
         slots = [2 * block, 2 * block + 1]
         host[:, slots] = torch.randn(host[:, slots].shape, generator=g) * 0.1
         mem.host_slots.append(slots)
-        mem.repr_keys.append(torch.zeros(host.shape[0], 2, *host.shape[-2:]))  # centroids: unused
+        mem.add_summary(torch.zeros(host.shape[0], 2, *host.shape[-2:]))  # centroids: unused
     host[1, 9, 0, 3] = 3 * query  # one key of block 4 (its second page), layer 1
     host[0, 2, 0, 1] = 3 * query  # and one of block 1, layer 0
     q = query.repeat_interleave(2, dim=0)[None]
@@ -164,15 +164,18 @@ def test_centroids_are_the_mean_unrotated_keys_of_each_offloaded_page(loaded):
         eng.step()
     mem = memory.requests[rid]
     assert mem.num_blocks >= 2 and mem.scores is None  # centroids need no attention statistics
+    layers, _, _, _, kv_heads, head_dim = eng.storage.data.shape
+    shape = (layers, mem.num_blocks, memory.block_pages, kv_heads, head_dim)
+    assert mem.summaries.shape == shape  # one centroid per page of every block
     for block in range(mem.num_blocks):
         keys = unrotated_host_keys(eng, memory, mem, block)
         pages = keys.view(keys.shape[0], memory.block_pages, PAGE, *keys.shape[2:])
-        assert mem.repr_keys[block].dtype == torch.float16
+        assert mem.summaries.dtype == torch.float16
         torch.testing.assert_close(
-            mem.repr_keys[block].float(), pages.mean(2), atol=2e-3, rtol=2e-3
+            mem.summaries[:, block].float(), pages.mean(2), atol=2e-3, rtol=2e-3
         )
     # The request's resident bytes count the summaries as well as the pages.
-    summaries = sum(t.nbytes for t in mem.repr_keys)
+    summaries = 2 * layers * mem.num_blocks * memory.block_pages * kv_heads * head_dim  # fp16
     req = eng.requests[rid]
     assert memory.resident_bytes(req) == memory.resident_pages(req) * memory.page_bytes + summaries
 
@@ -185,7 +188,7 @@ def test_attended_representatives_are_tokens_of_their_block(loaded):
         eng.step()
     mem = memory.requests[rid]
     assert mem.num_blocks >= 2 and mem.scores is not None
-    block = mem.repr_keys[0]  # [L, r, Hkv, D], un-rotated to position 0
+    block = mem.summaries[:, 0]  # [L, r, Hkv, D], un-rotated to position 0
     assert block.shape[1] == memory.repr_tokens
     # Each representative is one of the block's stored keys, rope undone.
     unrotated = unrotated_host_keys(eng, memory, mem, 0)

@@ -5,8 +5,7 @@ recorded numbers, N/A where a run has none."""
 from __future__ import annotations
 
 import pytest
-from dash._callback_context import context_value
-from dash._utils import AttributeDict
+from dash_callbacks import call
 from infllm_recording import record_infllm
 
 from app.dashboard import sizing_page
@@ -26,15 +25,6 @@ def infllm_app(tmp_path_factory):
     record_synthetic(path, DEMO_CONFIG, num_requests=8, num_pages=32, seed=3)
     run_id = record_infllm(path)
     return create_app(path), path, run_id
-
-
-def call(app, output: str, *args, trigger: str = "run.value"):
-    """The callback that writes ``output``, called as Dash would."""
-    for key, spec in app.callback_map.items():
-        if output in key.strip(".").split("..."):
-            context_value.set(AttributeDict(triggered_inputs=[{"prop_id": trigger, "value": 1}]))
-            return spec["callback"].__wrapped__(*args)
-    raise KeyError(output)
 
 
 def test_pages_are_in_the_navigation():

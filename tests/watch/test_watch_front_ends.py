@@ -8,8 +8,7 @@ import csv
 import json
 
 import pytest
-from dash._callback_context import context_value
-from dash._utils import AttributeDict
+from dash_callbacks import call
 from rich.console import Console
 from textual.app import App, ComposeResult
 from watch_helpers import B
@@ -146,15 +145,6 @@ def test_tui_app_mounts_the_watch_view_for_a_watch_run(recording, follow: bool) 
     assert {"switch_run", "help", "quit"} <= actions
 
 
-def _callback(app, output: str, *args, trigger: str = "run.value"):
-    """Call the dashboard callback that writes ``output`` as Dash would, outside a server."""
-    for key, spec in app.callback_map.items():
-        if output in key.strip(".").split("..."):
-            context_value.set(AttributeDict(triggered_inputs=[{"prop_id": trigger, "value": 1}]))
-            return spec["callback"].__wrapped__(*args)
-    raise KeyError(output)
-
-
 def _ids(component) -> set[str]:
     found = {getattr(component, "id", None)}
     children = getattr(component, "children", None)
@@ -168,14 +158,14 @@ def test_dashboard_routes_a_watch_run_to_its_page(recording) -> None:
     path, run_id = recording
     app = create_app(path)
     assert "nav-watch" in _ids(app.layout)
-    page, *classes = _callback(app, "page.children", "/watch", run_id)
+    page, *classes = call(app, "page.children", "/watch", run_id)
     assert "watch-content" in _ids(page)
     assert classes[[key for key, _, _ in PAGES].index("watch")] == "nav-link active"
-    content = _callback(app, "watch-content.children", None, run_id)
+    content = call(app, "watch-content.children", None, run_id)
     assert {"watch-sources", "watch-blocks", "watch-prefixes"} <= _ids(content)
     # Engine-only pages say they do not apply instead of erroring.
     for path_ in ("/", "/kv-cache", "/long-context"):
-        (note, *_) = _callback(app, "page.children", path_, run_id)
+        (note, *_) = call(app, "page.children", path_, run_id)
         assert note.children.startswith(f"Run #{run_id} is a watched deployment")
 
 
