@@ -11,10 +11,11 @@ and slower than fp32.
 from __future__ import annotations
 
 import re
+import warnings
 from functools import cache
 
 from engine.errors import KvscopeError
-from engine.presets import Device, device_preset
+from engine.presets import Device, device_preset, match_driver_name
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 
@@ -80,13 +81,30 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name(torch.device(device))
 
 
-def preset_for_device(device: str, fallback: str = "h100-80") -> Device:
-    """The peak table row for the device the engine runs on, found by its driver name.
+def preset_match(device: str, fallback: str = "h100-80") -> tuple[Device, str | None]:
+    """The peak table row for the device the engine runs on, and a note when it is a fallback.
 
-    A GPU the table does not know gets ``fallback`` (a figure is better than
-    none for the offload cost model; reports name the preset they used).
+    The row is found by the longest fragment of the driver's name
+    (``engine.presets.match_driver_name``). A GPU the table does not know gets
+    ``fallback`` (a figure is better than none for the offload cost model) and
+    the note says so, for the caller to show.
     """
-    try:
-        return device_preset(device_name(device))
-    except KvscopeError:
-        return device_preset(fallback)
+    return preset_for_name(device_name(device), fallback)
+
+
+def preset_for_name(name: str, fallback: str = "h100-80") -> tuple[Device, str | None]:
+    """``preset_match`` for a driver name (``cpu`` for the CPU)."""
+    found = device_preset("cpu") if name == "cpu" else match_driver_name(name)
+    if found is not None:
+        return found, None
+    return device_preset(fallback), (
+        f"no preset for {name!r}: using {fallback}'s peaks (pass --cost-device to choose one)"
+    )
+
+
+def preset_for_device(device: str, fallback: str = "h100-80") -> Device:
+    """``preset_match``'s row; a fallback is announced with a warning (shown on stderr)."""
+    preset, note = preset_match(device, fallback)
+    if note is not None:
+        warnings.warn(note, stacklevel=2)
+    return preset
