@@ -16,6 +16,7 @@ it has no speed to tune, and 16-wide tiles make small tests cross tile edges.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -181,6 +182,16 @@ def decode_candidates() -> list[triton.Config]:
 DECODE_SPLIT_ALIGN = 16 if interpreting() else max(c.kwargs["BLOCK_N"] for c in decode_candidates())
 
 
+def autotune_cache_kwargs(version: str | None = None) -> dict[str, Any]:
+    """``cache_results=True`` (tunings kept on disk) where Triton has it: 3.4 and later.
+
+    Older Tritons refuse the keyword, and ``kernels`` would fail at import; there
+    each process tunes again (start-up tuning still keeps it outside timed runs).
+    """
+    major, minor = (int(p) for p in re.findall(r"\d+", version or triton.__version__)[:2])
+    return {"cache_results": True} if (major, minor) >= (3, 4) else {}
+
+
 def prefill_autotune(fn: Any) -> Any:
     """``triton.autotune`` over the prefill candidates, keyed by shape class."""
     configs = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16})] if interpreting() else None
@@ -188,7 +199,7 @@ def prefill_autotune(fn: Any) -> Any:
         configs or prefill_candidates(),
         key=["HEAD_DIM", "FORMAT", "GROUP", "CAUSAL", "PAGED", "PAGE_SIZE", "q_class"],
         prune_configs_by={"early_config_prune": _prune_prefill},
-        cache_results=True,
+        **autotune_cache_kwargs(),
     )(fn)
 
 
@@ -199,7 +210,7 @@ def decode_autotune(fn: Any) -> Any:
         configs or decode_candidates(),
         key=["HEAD_DIM", "FORMAT", "BLOCK_H", "PAGE_SIZE", "split_class"],
         prune_configs_by={"early_config_prune": _prune_decode},
-        cache_results=True,
+        **autotune_cache_kwargs(),
     )(fn)
 
 
