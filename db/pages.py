@@ -18,6 +18,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from db.page_states import PAGE_OFFLOADED
 from db.source import Position, Source, connection, kinds_sql, run_origin, window
 from engine.events import (
     PAGE_CACHED,
@@ -31,9 +32,7 @@ from engine.events import (
     PagesFreed,
 )
 
-# A page state the engine's snapshots do not have: evicted to the host tier
-# (PAGE_EVICTED there, plus a PageEvicted event whose action was "offloaded").
-PAGE_OFFLOADED = -4
+# PAGE_OFFLOADED (evicted to the host tier) is defined with the page states.
 
 
 # Page classes in the order ties between them are broken (the last wins): an
