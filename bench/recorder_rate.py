@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from db.schema import PAGE_MAP_COLUMNS  # noqa: E402
 from engine.events import (  # noqa: E402
     PAGE_CACHED,
     PAGE_FREE,
@@ -134,7 +135,7 @@ def gpu_scale_mix(n: int, start_ns: int, num_pages: int, step_ns: int) -> list[E
 def page_map_blob(num_pages: int) -> tuple[int, int]:
     """(raw, stored) bytes of one page map, through the recorder's own conversion."""
     owners = page_maps(num_pages, variants=1)[0]
-    blob = to_batch([PageMap(0, 0, owners)]).page_maps[0][-1]
+    blob = to_batch([PageMap(0, 0, owners)]).page_maps[0][PAGE_MAP_COLUMNS.index("owners")]
     return owners.nbytes, len(blob)
 
 

@@ -174,11 +174,20 @@ def _v4_gpu_index(db: Database) -> None:
     db.execute("ALTER TABLE gpu_samples RENAME COLUMN device TO gpu_index")
 
 
+def _v5_page_map_holds(db: Database) -> None:
+    """Page maps keep who holds each page (shared pages included) and the prefix
+    tree's device pages, so readers rebuild holder counts exactly at every step
+    (NULL in maps recorded before: readers replay from the run's start)."""
+    db["page_maps"].add_column("holds", bytes)  # zlib of int32 engine.events.encode_holds
+    db["page_maps"].add_column("tree", bytes)  # zlib of int32 device pages in the tree
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_initial,
     _v2_liveness_and_metrics,
     _v3_watch,
     _v4_gpu_index,
+    _v5_page_map_holds,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -42,4 +42,6 @@ PAGE_MAP_COLUMNS = (
     "pages_free",
     "pages_evicted",
     "owners",
+    "holds",
+    "tree",
 )

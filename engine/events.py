@@ -145,10 +145,27 @@ class PageMap(Event):
     """Snapshot of every page's owner, emitted every N steps.
 
     ``owners[i]`` is a request id (>= 0) or one of the ``PAGE_*`` codes below.
+    A page shared by several requests shows one of them there, so the snapshot
+    also carries who holds what exactly (``holds``, see ``encode_holds``) and the
+    device pages in the prefix tree (``tree``): with them and the page events
+    since, a reader rebuilds holder counts at any step (db/page_states.py).
     """
 
     kind: ClassVar[str] = "page_map"
     owners: np.ndarray = field(compare=False)
+    holds: np.ndarray | None = field(default=None, compare=False)  # int32, encode_holds
+    tree: np.ndarray | None = field(default=None, compare=False)  # int32 device pages in the tree
+
+
+def encode_holds(request_pages: dict[int, list[int]]) -> np.ndarray:
+    """Every request's held pages as one flat int32 array:
+    ``[request id, n, page_1 .. page_n, request id, n, ...]``."""
+    parts = [
+        np.concatenate([np.array([rid, len(pages)], np.int64), np.asarray(pages, np.int64)])
+        for rid, pages in request_pages.items()
+        if len(pages)
+    ]
+    return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
 
 
 PAGE_FREE = -1

@@ -19,6 +19,7 @@ from engine.events import (
     PagesAllocated,
     PagesFreed,
     PrefixLookup,
+    encode_holds,
     now_ns,
 )
 from engine.host_tier import HostTier
@@ -47,6 +48,9 @@ class KVCacheManager:
         self.step = step
         if self.prefix is not None:
             self.prefix.step = step
+            evicted = getattr(self.prefix, "evicted_step", None)
+            if evicted is not None:
+                evicted.clear()
 
     # --- growth and release -----------------------------------------------------
 
@@ -209,9 +213,27 @@ class KVCacheManager:
             owners[self.device_pages(req)] = rid
         return owners
 
+    def page_holds(self) -> dict[int, list[int]]:
+        """Every holding request's device pages (shared ones in each holder's list)."""
+        return {rid: self.device_pages(req) for rid, req in self.holders.items()}
+
+    def tree_pages(self) -> np.ndarray:
+        """Device pages in the prefix tree (held by requests or not)."""
+        if self.prefix is None:
+            return np.zeros(0, np.int64)
+        return self.prefix.device_pages_held()
+
     def emit_page_map(self) -> None:
         if self.bus.active:
-            self.bus.emit(PageMap(now_ns(), self.step, self.page_owners()))
+            self.bus.emit(
+                PageMap(
+                    now_ns(),
+                    self.step,
+                    self.page_owners(),
+                    holds=encode_holds(self.page_holds()),
+                    tree=self.tree_pages().astype(np.int32),
+                )
+            )
 
     def check_integrity(self) -> None:
         """Pool, cache and host tier agree; every reference is accounted for; the step

@@ -13,6 +13,12 @@ new tokens always go to pages it allocated itself, and a partially filled last
 page is recomputed, never shared. Evicted pages are either dropped (and later
 recomputed) or moved to the host tier and reloaded on a hit.
 
+Content comes either as a list of token ids (the live engine: a page's key is
+the tuple of its tokens) or as a page-keyed sequence (the trace replay,
+engine/replay/tokens.py: ``page_keys`` gives each page's key directly, so a
+page of a production trace costs O(1), not ``page_size`` Python ints; its
+``next_use`` feeds the offline-optimal policy).
+
 Nothing here walks the tree or the pool per step. The evictable leaves are a
 set kept exact at every change (match, insert, release, evict, offload,
 reload), mirrored in a heap keyed by the eviction policy with lazy deletion:
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,7 +53,7 @@ from engine.prefix_cache import PrefixCache
 
 @dataclass(eq=False, slots=True)
 class Node:
-    key: tuple[int, ...]
+    key: Hashable  # the page's token tuple, or a replay's page key
     parent: Node | None
     page: int | None = None  # device page, or None when offloaded
     host_slot: int | None = None
@@ -58,6 +64,7 @@ class Node:
     device_children: int = 0  # children whose page is on the device
     queued: tuple[int, ...] | None = None  # priority of the live heap entry, if evictable
     stamp: int = 0  # the live heap entry's stamp; older entries of this node are stale
+    next_use: int = 0  # when this content is next needed (replays only: belady's key)
 
     @property
     def on_device(self) -> bool:
@@ -101,6 +108,9 @@ class RadixCache(PrefixCache):
         self._evictable: set[Node] = set()  # cache-only nodes with no child on the device
         self._heap: list[tuple[tuple[int, ...], int, Node]] = []
         self._evicted: set[int] = set()
+        # Pages evicted in the current step -> the last eviction's action (the KV
+        # manager clears it when a step starts): the "evicted this step" page state.
+        self.evicted_step: dict[int, str] = {}
 
     @property
     def policy(self) -> EvictionPolicy:
@@ -179,9 +189,12 @@ class RadixCache(PrefixCache):
 
     # --- lookups ---------------------------------------------------------------
 
-    def _blocks(self, tokens: list[int], limit: int, start: int = 0) -> Iterator[tuple[int, ...]]:
+    def _blocks(self, tokens: list[int], limit: int, start: int = 0) -> Iterable[Hashable]:
         """Page keys of ``tokens[:limit]`` from page ``start`` on, built as they are walked."""
         ps = self.page_size
+        keyed = getattr(tokens, "page_keys", None)
+        if keyed is not None:  # page-keyed content: one key per page, no token loop
+            return keyed(start, limit // ps)
         return (tuple(tokens[i : i + ps]) for i in range(start * ps, limit - limit % ps, ps))
 
     def match(self, tokens: list[int]) -> tuple[list[int], int]:
@@ -189,7 +202,8 @@ class RadixCache(PrefixCache):
         node = self.root
         pages: list[int] = []
         tick = next(self._clock)
-        for key in self._blocks(tokens, limit):
+        future = getattr(tokens, "next_use", None)
+        for i, key in enumerate(self._blocks(tokens, limit)):
             self.work.nodes += 1
             child = node.children.get(key)
             if child is None:
@@ -200,6 +214,8 @@ class RadixCache(PrefixCache):
             self.pool.incref([child.page])
             child.last_access = tick
             child.hits += 1
+            if future is not None:
+                child.next_use = future(i)
             self._refresh(child)
             pages.append(child.page)
             node = child
@@ -245,6 +261,7 @@ class RadixCache(PrefixCache):
             node, start_page = self.root, 0
         stored: list[int] = []
         tick = next(self._clock)
+        future = getattr(tokens, "next_use", None)
         for i, key in enumerate(self._blocks(tokens, len(tokens), start_page), start_page):
             self.work.nodes += 1
             child = node.children.get(key)
@@ -262,6 +279,8 @@ class RadixCache(PrefixCache):
                 self.host_pages -= 1
                 stored.append(pages[i])
             child.last_access = tick
+            if future is not None:
+                child.next_use = future(i)
             self._refresh(child)
             node = child
         if stored and self.bus.active:
@@ -302,6 +321,7 @@ class RadixCache(PrefixCache):
                 self.bus.emit(BlockRemoved(now_ns(), self.step, (page,)))
         self.pool.decref([page])
         self._evicted.add(page)
+        self.evicted_step[page] = "offloaded" if offload else "dropped"
         self._refresh(parent)  # may now be a leaf on the device
 
     def _drop_subtree(self, node: Node) -> None:
@@ -363,7 +383,7 @@ class RadixCache(PrefixCache):
             assert (n.page is None) != (n.host_slot is None), (
                 "node both or neither on device and host"
             )
-            assert len(n.key) == self.page_size
+            assert type(n.key) is int or len(n.key) == self.page_size  # int: a replay's key
             assert n.parent.children.get(n.key) is n, "broken parent link"
             if n.on_device:
                 assert refcount[n.page] >= 1, f"cached page {n.page} has no reference"

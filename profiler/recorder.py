@@ -95,11 +95,16 @@ def _compress(owners: np.ndarray) -> bytes:
     return zlib.compress(owners, 1)
 
 
+def _optional_blob(array: np.ndarray | None) -> bytes | None:
+    return None if array is None else _compress(np.ascontiguousarray(array, dtype="<i4"))
+
+
 def _page_map_rows(events: list[Event], batch: Batch) -> None:
     arrays = [np.ascontiguousarray(event.owners, dtype="<i4") for event in events]
     parallel = len(arrays) > 1 and arrays[0].nbytes >= _PARALLEL_MAP_BYTES
     blobs = (_compressor.map if parallel else map)(_compress, arrays)
     for event, owners, blob in zip(events, arrays, blobs, strict=True):
+        holds, tree = _optional_blob(event.holds), _optional_blob(event.tree)
         batch.page_maps.append(
             (
                 event.ts_ns,
@@ -110,6 +115,8 @@ def _page_map_rows(events: list[Event], batch: Batch) -> None:
                 int(np.count_nonzero(owners == PAGE_FREE)),
                 int(np.count_nonzero(owners == PAGE_EVICTED)),
                 blob,
+                holds,
+                tree,
             )
         )
 
