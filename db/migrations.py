@@ -13,6 +13,7 @@ from collections.abc import Callable
 from sqlite_utils import Database
 
 from db.schema import APPLICATION_ID
+from db.watch_aggregates import create_aggregate_tables, rebuild_all
 from db.watch_schema import create_watch_tables
 from engine.errors import KvscopeError
 
@@ -182,12 +183,22 @@ def _v5_page_map_holds(db: Database) -> None:
     db["page_maps"].add_column("tree", bytes)  # zlib of int32 device pages in the tree
 
 
+def _v6_watch_aggregates(db: Database) -> None:
+    """What the watch views read, kept by the recorder as it writes (issue 23):
+    live blocks, series, misses, histograms, duplication, shared prefixes; and a
+    ``run_id`` index on ``watch_blocks``. Watch runs recorded before are folded
+    from their raw rows here, once."""
+    create_aggregate_tables(db)
+    rebuild_all(db.conn)
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_initial,
     _v2_liveness_and_metrics,
     _v3_watch,
     _v4_gpu_index,
     _v5_page_map_holds,
+    _v6_watch_aggregates,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
