@@ -18,7 +18,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from db.page_states import PAGE_OFFLOADED
+from db.page_states import PAGE_OFFLOADED, StepPages, step_pages_from
 from db.source import Position, Source, connection, kinds_sql, run_origin, window
 from engine.events import (
     PAGE_CACHED,
@@ -28,6 +28,7 @@ from engine.events import (
     BlockRemoved,
     BlockStored,
     PageEvicted,
+    PageReloaded,
     PagesAllocated,
     PagesFreed,
 )
@@ -356,3 +357,142 @@ def owners_at(
             owners, [(kind, rid, json.loads(p or "{}")) for *_, kind, rid, p in group], tree
         )
     return owners
+
+
+# --- exact page states at any step (db/page_states.py) -------------------------------
+# A snapshot recorded with ``holds`` and ``tree`` is an exact checkpoint: who holds
+# every page and which device pages are in the prefix tree. The hold and tree
+# events of the steps since bring it forward exactly (a request gains pages with
+# PagesAllocated, a prefix hit included, and loses them with PagesFreed; the tree
+# gains pages with BlockStored and PageReloaded and loses them with BlockRemoved
+# and PageEvicted). Cost per step: one snapshot decoded plus the events of at most
+# ``page_map_every`` steps, O(pages + events), whatever the run's length.
+
+_HOLD_EVENT_KINDS = (
+    PagesAllocated.kind,
+    PagesFreed.kind,
+    BlockStored.kind,
+    BlockRemoved.kind,
+    PageEvicted.kind,
+    PageReloaded.kind,
+)
+
+
+def decode_holds(blob: bytes) -> dict[int, list[int]]:
+    """``engine.events.encode_holds`` (zlib-compressed) back to request -> pages."""
+    flat = decode_owners(blob).tolist()
+    holds: dict[int, list[int]] = {}
+    i = 0
+    while i < len(flat):
+        rid, n = flat[i], flat[i + 1]
+        holds[rid] = flat[i + 2 : i + 2 + n]
+        i += 2 + n
+    return holds
+
+
+def _checkpoint(
+    conn: sqlite3.Connection, run_id: int, step: int
+) -> tuple[int, int, dict[int, list[int]], set[int]]:
+    """(step, num_pages, holds, tree) of the newest exact snapshot at or before
+    ``step``; step -1 and empty holds when there is none (replay from the start)."""
+    row = conn.execute(
+        """SELECT step, num_pages, holds, tree FROM page_maps
+           WHERE run_id = ? AND step <= ? AND holds IS NOT NULL
+           ORDER BY step DESC, id DESC LIMIT 1""",
+        (run_id, step),
+    ).fetchone()
+    if row is None:
+        return -1, 0, {}, set()
+    at, num_pages, holds, tree = row
+    return at, num_pages, decode_holds(holds), set(decode_owners(tree).tolist()) if tree else set()
+
+
+def _pool_size(conn: sqlite3.Connection, run_id: int, step: int) -> int | None:
+    row = conn.execute(
+        """SELECT pages_total FROM steps WHERE run_id = ? AND step <= ?
+           ORDER BY step DESC LIMIT 1""",
+        (run_id, step),
+    ).fetchone()
+    if row is None:
+        row = conn.execute(
+            "SELECT num_pages FROM page_maps WHERE run_id = ? ORDER BY step LIMIT 1", (run_id,)
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def has_page_events(conn: sqlite3.Connection, run_id: int) -> bool:
+    """Whether the run recorded page holds at all (engine runs; not simulations)."""
+    return (
+        conn.execute(
+            "SELECT 1 FROM events WHERE run_id = ? AND kind = ? LIMIT 1",
+            (run_id, PagesAllocated.kind),
+        ).fetchone()
+        is not None
+        or conn.execute(
+            "SELECT 1 FROM page_maps WHERE run_id = ? AND holds IS NOT NULL LIMIT 1", (run_id,)
+        ).fetchone()
+        is not None
+    )
+
+
+def step_pages(source: Source, run_id: int, step: int) -> StepPages | None:
+    """Every page's state at the end of ``step``, exactly (see db/page_states.py).
+
+    None when the run has no page holds recorded (a simulation, or a run recorded
+    before page maps carried holders: ``legacy_step_pages`` approximates those).
+    """
+    with connection(source) as conn:
+        if not has_page_events(conn, run_id):
+            return None
+        start, num_pages, holds, tree = _checkpoint(conn, run_id, step)
+        if (
+            start < 0
+            and conn.execute(
+                "SELECT 1 FROM page_maps WHERE run_id = ? AND step <= ? LIMIT 1", (run_id, step)
+            ).fetchone()
+        ):
+            return None  # maps without holders: an older recording
+        num_pages = _pool_size(conn, run_id, step) or num_pages
+        rows = conn.execute(
+            f"""SELECT step, kind, request_id, payload FROM events WHERE run_id = ?
+               AND kind IN ({kinds_sql(_HOLD_EVENT_KINDS)}) AND step > ? AND step <= ?
+               ORDER BY step, ts_ns, {_REPLAY_ORDER}, id""",
+            (run_id, start, step),
+        ).fetchall()
+        evictions = conn.execute(
+            """SELECT json_extract(payload, '$.page'), json_extract(payload, '$.action')
+               FROM events WHERE run_id = ? AND kind = ? AND step = ? ORDER BY ts_ns, id""",
+            (run_id, PageEvicted.kind, step),
+        ).fetchall()
+    counts = {rid: Counter(pages) for rid, pages in holds.items()}
+    order = {rid: list(pages) for rid, pages in holds.items()}
+    for _, kind, rid, payload in rows:
+        values = json.loads(payload or "{}")
+        if kind == PagesAllocated.kind:
+            counts.setdefault(rid, Counter()).update(values["pages"])
+            order.setdefault(rid, []).extend(values["pages"])
+        elif kind == PagesFreed.kind:
+            held = counts.get(rid)
+            if held is not None:
+                held.subtract(values["pages"])
+        elif kind == BlockStored.kind:
+            tree.update(values["pages"])
+        elif kind == BlockRemoved.kind:
+            tree.difference_update(values["pages"])
+        elif kind == PageEvicted.kind:
+            tree.discard(values["page"])
+        elif kind == PageReloaded.kind:
+            tree.add(values["page"])
+    request_pages = {}
+    for rid, held in counts.items():
+        left = Counter({p: n for p, n in held.items() if n > 0})
+        if not left:
+            continue
+        pages = []
+        for page in order[rid]:
+            if left[page] > 0:
+                left[page] -= 1
+                pages.append(page)
+        request_pages[rid] = pages
+    evicted = {int(page): action for page, action in evictions}
+    return step_pages_from(step, num_pages, request_pages, tree, evicted)

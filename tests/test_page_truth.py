@@ -1,0 +1,163 @@
+"""The page map tells the truth at every step: what db/ rebuilds from a recording
+equals the engine's own page state (tests/page_probe.py), page by page, state by
+state, holder count by holder count, with the invariants of db/page_states.py.
+
+Real runs of the tiny model cover the shared-prefix workload, preemption with
+recompute and with swap, offload and reload, InfLLM and a 100,000-page pool; one
+short real-model run (slow) covers the shared-prefix workload on SmolLM2.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from page_probe import PageProbe, drive_probed, mismatches
+from test_scheduler import tiny_engine
+from tiny_model import VOCAB, tiny_loaded
+
+from db.page_states import STATE_CACHED, STATE_SHARED
+from db.pages import step_pages
+from engine.engine import Engine
+from engine.engine_config import EngineConfig
+from engine.events import EventBus
+from profiler.recorder import Recorder
+
+
+def _record(path: Path, engine_for_bus, arrivals) -> tuple[int, PageProbe, dict[str, int]]:
+    bus = EventBus()
+    kinds: dict[str, int] = {}
+    bus.subscribe(lambda e: kinds.__setitem__(e.kind, kinds.get(e.kind, 0) + 1))
+    engine = engine_for_bus(bus)
+    recorder = Recorder(path, {"test": True}, model="tiny")
+    bus.subscribe(recorder.on_event)
+    recorder.start()
+    probe = PageProbe(engine)
+    drive_probed(engine, probe, arrivals)
+    recorder.finish("complete")
+    return recorder.run_id, probe, kinds
+
+
+def _shared_prefix(n: int, prefix_len: int = 24, seed: int = 0, every: int = 1, out: int = 8):
+    rng = random.Random(seed)
+    prefix = [rng.randrange(1, VOCAB) for _ in range(prefix_len)]
+    return [
+        (i * every, prefix + [rng.randrange(1, VOCAB) for _ in range(3 + i % 5)], out)
+        for i in range(n)
+    ]
+
+
+def _assert_truth(path: Path, run_id: int, probe: PageProbe) -> None:
+    assert len(probe.truth) > 10
+    wrong = mismatches(path, run_id, probe)
+    assert not wrong, f"{len(wrong)} differences, first: {wrong[:5]}"
+
+
+def _shared_steps(probe: PageProbe) -> int:
+    return sum(1 for t in probe.truth.values() if np.any(t.state == STATE_SHARED))
+
+
+def test_shared_prefix(tmp_path):
+    run_id, probe, _ = _record(
+        tmp_path / "r.db", lambda bus: tiny_engine(64, bus=bus), _shared_prefix(10)
+    )
+    assert _shared_steps(probe) > 5
+    assert max(int(t.holders.max()) for t in probe.truth.values()) >= 3
+    _assert_truth(tmp_path / "r.db", run_id, probe)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption(tmp_path, mode):
+    run_id, probe, kinds = _record(
+        tmp_path / "r.db",
+        lambda bus: tiny_engine(22, bus=bus, preemption=mode),
+        _shared_prefix(8, prefix_len=16, every=0, out=24),
+    )
+    assert kinds.get("request_preempted", 0) > 0
+    _assert_truth(tmp_path / "r.db", run_id, probe)
+
+
+def test_offload_and_reload(tmp_path):
+    rng = random.Random(1)
+    prefixes = [[rng.randrange(1, VOCAB) for _ in range(16)] for _ in range(3)]
+    arrivals = [(6 * i, prefixes[i % 3] + [rng.randrange(1, VOCAB)], 6) for i in range(12)]
+    run_id, probe, kinds = _record(
+        tmp_path / "r.db",
+        lambda bus: tiny_engine(14, bus=bus, offload="always", max_batched_tokens=7),
+        arrivals,
+    )
+    assert kinds.get("page_offloaded", 0) > 0 and kinds.get("page_reloaded", 0) > 0
+    assert any(np.any(t.state == STATE_CACHED) for t in probe.truth.values())
+    _assert_truth(tmp_path / "r.db", run_id, probe)
+
+
+def test_infllm(tmp_path):
+    config = EngineConfig(
+        page_size=4,
+        kv_budget_bytes=1 << 20,
+        max_batched_tokens=32,
+        attention_mode="infllm",
+        infllm_initial_tokens=8,
+        infllm_local_tokens=16,
+        infllm_block_pages=2,
+        infllm_topk_blocks=3,
+    )
+    loaded = tiny_loaded(max_position=1024)
+    rng = random.Random(2)
+    arrivals = [(0, [rng.randrange(1, VOCAB) for _ in range(n)], 10) for n in (200, 120)]
+    run_id, probe, kinds = _record(
+        tmp_path / "r.db", lambda bus: Engine(config, bus=bus, loaded=loaded), arrivals
+    )
+    assert kinds.get("infllm_retrieval", 0) > 0
+    _assert_truth(tmp_path / "r.db", run_id, probe)
+
+
+def test_a_100k_page_pool(tmp_path, capsys):
+    run_id, probe, _ = _record(
+        tmp_path / "r.db",
+        lambda bus: tiny_engine(100_000, bus=bus),
+        _shared_prefix(12, prefix_len=40, out=6),
+    )
+    assert _shared_steps(probe) > 3
+    _assert_truth(tmp_path / "r.db", run_id, probe)
+    # Cost per step at 100k pages (figures in the test output; bench/page_states.py
+    # measures it against a run length).
+    steps = sorted(probe.truth)
+    t0 = time.perf_counter()
+    for step in steps:
+        step_pages(tmp_path / "r.db", run_id, step)
+    per_step_ms = (time.perf_counter() - t0) / len(steps) * 1e3
+    with capsys.disabled():
+        print(f"\n100k-page pool: step_pages {per_step_ms:.1f} ms/step over {len(steps)} steps")
+
+
+@pytest.mark.slow
+def test_real_model_shared_prefix(make_engine, tmp_path):
+    from app.run_job import drive
+    from app.workloads import builtin
+
+    engine = make_engine(kv_budget_bytes=24 << 20, page_map_every=4)
+    path = tmp_path / "r.db"
+    recorder = Recorder(path, {"test": True}, model="smollm2")
+    engine.bus.subscribe(recorder.on_event)
+    recorder.start()
+    probe = PageProbe(engine)
+    step = engine.step
+
+    def probed_step():
+        out = step()
+        probe.read()
+        return out
+
+    engine.step = probed_step
+    items = builtin("shared-prefix", 4, rate=0.0)
+    for item in items:
+        item.max_tokens = 6
+    drive(engine, items, threading.Event())
+    recorder.finish("complete")
+    assert _shared_steps(probe) > 0
+    _assert_truth(path, recorder.run_id, probe)
