@@ -185,6 +185,24 @@ class PrefixLookup(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixMiss(Event):
+    """Why one admission's missed tokens missed (engine/miss_reasons.py): the four
+    reasons sum to its queried minus hit tokens. ``capacity_age_s`` and
+    ``capacity_age_steps`` are summed over the ``capacity_pages`` pages: the time
+    since each was evicted."""
+
+    kind: ClassVar[str] = "prefix_miss"
+    request_id: int
+    cold_tokens: int
+    capacity_tokens: int
+    granularity_tokens: int
+    last_tokens: int
+    capacity_pages: int
+    capacity_age_s: float
+    capacity_age_steps: int
+
+
+@dataclass(frozen=True, slots=True)
 class BlockStored(Event):
     kind: ClassVar[str] = "block_stored"
     pages: tuple[int, ...]
@@ -327,6 +345,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         PagesFreed,
         PageMap,
         PrefixLookup,
+        PrefixMiss,
         BlockStored,
         BlockRemoved,
         AllBlocksCleared,

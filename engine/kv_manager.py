@@ -19,11 +19,13 @@ from engine.events import (
     PagesAllocated,
     PagesFreed,
     PrefixLookup,
+    PrefixMiss,
     encode_holds,
     now_ns,
 )
 from engine.host_tier import HostTier
 from engine.infllm import OFFLOADED, InfLLMMemory
+from engine.miss_reasons import MissSplit
 from engine.page_pool import PagePool
 from engine.prefix_cache import PrefixCache
 from engine.request import Request
@@ -43,6 +45,7 @@ class KVCacheManager:
         # Prefix-cache accounting in tokens, counted once per admission (hit rate = hit / queried).
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
+        self.prefix_misses = MissSplit()  # the missed tokens by reason, summed likewise
 
     def set_step(self, step: int) -> None:
         self.step = step
@@ -132,8 +135,25 @@ class KVCacheManager:
         self.prefix_hit_tokens += hit
         if req.scheduled_ns is None:
             req.num_cached = hit
+        misses = self.prefix.explain_misses(req.token_ids(), req.pages[: hit // self.page_size])
+        self.prefix_misses.add(misses)
         if self.bus.active:
-            self.bus.emit(PrefixLookup(now_ns(), self.step, req.request_id, queried, hit))
+            ts, rid = now_ns(), req.request_id
+            self.bus.emit(PrefixLookup(ts, self.step, rid, queried, hit))
+            self.bus.emit(
+                PrefixMiss(
+                    ts,
+                    self.step,
+                    rid,
+                    misses.cold,
+                    misses.capacity,
+                    misses.granularity,
+                    misses.last_token,
+                    misses.capacity_pages,
+                    misses.capacity_age_s,
+                    misses.capacity_age_steps,
+                )
+            )
 
     def retreat(self, req: Request) -> None:
         """A waiting request that could not be admitted holds no pages while it waits.

@@ -47,6 +47,7 @@ from engine.events import (
 )
 from engine.eviction import LRU, EvictionPolicy
 from engine.host_tier import HostTier
+from engine.miss_reasons import ROOT_CHAIN, MissReasons, MissSplit, chain_hash
 from engine.page_pool import PagePool
 from engine.prefix_cache import PrefixCache
 
@@ -65,6 +66,7 @@ class Node:
     queued: tuple[int, ...] | None = None  # priority of the live heap entry, if evictable
     stamp: int = 0  # the live heap entry's stamp; older entries of this node are stale
     next_use: int = 0  # when this content is next needed (replays only: belady's key)
+    chain: int = ROOT_CHAIN  # hash of the whole prefix this page completes (miss reasons)
 
     @property
     def on_device(self) -> bool:
@@ -111,6 +113,8 @@ class RadixCache(PrefixCache):
         # Pages evicted in the current step -> the last eviction's action (the KV
         # manager clears it when a step starts): the "evicted this step" page state.
         self.evicted_step: dict[int, str] = {}
+        # Why admissions miss (engine/miss_reasons.py): fed the chain hash of every dropped page.
+        self.misses = MissReasons(self.page_size)
 
     @property
     def policy(self) -> EvictionPolicy:
@@ -221,6 +225,21 @@ class RadixCache(PrefixCache):
             node = child
         return pages, len(pages) * self.page_size
 
+    def explain_misses(self, tokens: list[int], hit_pages: list[int]) -> MissSplit:
+        """Why the tokens of ``tokens`` past its hit ``hit_pages`` missed (see MissReasons).
+
+        Page-keyed content (a hash-id trace) has no tokens to compare: its
+        granularity is not measured and counts as cold.
+        """
+        parent = self._by_page[hit_pages[-1]].chain if hit_pages else ROOT_CHAIN
+        limit, ps = len(tokens) - 1, self.page_size
+        keyed = hasattr(tokens, "page_keys")
+        tail = None if keyed or limit % ps == 0 else tuple(tokens[limit - limit % ps : limit + 1])
+        keys = self._blocks(tokens, limit, len(hit_pages))
+        return self.misses.classify(
+            keys, len(tokens), len(hit_pages), parent, tail, now_ns(), self.step
+        )
+
     def release(self, pages: list[int]) -> None:
         self.pool.decref(pages)
         refcount, by_page = self.pool.refcount, self._by_page
@@ -266,7 +285,7 @@ class RadixCache(PrefixCache):
             self.work.nodes += 1
             child = node.children.get(key)
             if child is None:
-                child = Node(key=key, parent=node, created=tick)
+                child = Node(key=key, parent=node, created=tick, chain=chain_hash(node.chain, key))
                 node.children[key] = child
                 self.pool.incref([pages[i]])
                 self._attach(child, pages[i])
@@ -316,6 +335,7 @@ class RadixCache(PrefixCache):
                 self.bus.emit(PageOffloaded(now_ns(), self.step, page, slot, seconds))
         else:
             self._drop_subtree(node)
+            self.misses.evicted(node.chain, now_ns(), self.step)
             if emit:
                 self.bus.emit(PageEvicted(now_ns(), self.step, page, "dropped", self.policy.name))
                 self.bus.emit(BlockRemoved(now_ns(), self.step, (page,)))
@@ -337,6 +357,7 @@ class RadixCache(PrefixCache):
             assert not child.on_device, "dropping a node whose child is on the device"
             self.host.release(child.host_slot)
             self.host_pages -= 1
+            self.misses.evicted(child.chain, now_ns(), self.step)
 
     def clear(self) -> None:
         # Parents exposed by an eviction join the heap at once, so one pass takes them too.
