@@ -58,7 +58,7 @@ def test_each_request_gets_the_split_known_by_construction(recorded):
     assert [e.hit_tokens for e in lookups] == HITS
     got = [(m.cold_tokens, m.capacity_tokens, m.granularity_tokens, m.last_tokens) for m in misses]
     assert got == EXPECTED
-    for lookup, miss in zip(lookups, misses, strict=True):
+    for lookup in lookups:
         assert sum(got[lookup.request_id]) == lookup.queried_tokens - lookup.hit_tokens
     assert [m.capacity_pages for m in misses] == [0, 0, 0, 0, 0, 1]
     # A's second page was evicted while request 4 ran: one step before the last request.
@@ -71,7 +71,9 @@ def test_each_request_gets_the_split_known_by_construction(recorded):
 def test_the_database_gives_the_split_per_request_and_in_total(recorded):
     _, events, db, run_id = recorded
     per_request = request_miss_reasons(db, run_id)
-    got = [(c.cold, c.capacity, c.granularity, c.last_token) for _, c in sorted(per_request.items())]
+    got = [
+        (c.cold, c.capacity, c.granularity, c.last_token) for _, c in sorted(per_request.items())
+    ]
     assert got == EXPECTED
     total = run_miss_reasons(db, run_id)
     assert (total.cold, total.capacity, total.granularity, total.last_token) == (30, 4, 4, 6)
