@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from typing import Any
 
 from db.source import Source, connection
 from engine.events import PrefixMiss
@@ -90,8 +91,11 @@ def request_miss_reasons(source: Source, run_id: int) -> dict[int, MissCounts]:
     return {row[-1]: _counts(row[:-1]) for row in rows}
 
 
-def miss_line(counts: MissCounts | None) -> str:
-    """The split in one line of text, for summaries: 'cold 52% · capacity 30% ...'."""
+def miss_line(counts: MissCounts | dict[str, Any] | None) -> str:
+    """The split in one line of text, for summaries: 'cold 52% · capacity 30% ...'
+    (``counts`` also as the dict a JSON summary carries)."""
+    if isinstance(counts, dict):
+        counts = MissCounts(**counts)
     if counts is None or not counts.missed:
         return "no missed tokens recorded"
     shares = counts.shares()

@@ -61,6 +61,8 @@ def test_headless_json_summary(tmp_path):
         assert key in summary
     assert summary["requests"] == 6 and summary["status"] == "complete"
     assert summary["prefix_hit_tokens"] > 0  # the chat workload shares a system prompt
+    misses = summary["miss_reasons"]  # every admission computes its last token; rest is cold
+    assert misses["last_token"] >= 6 and misses["cold"] > 0
     [run] = queries.list_runs(db)
     assert run.status == "complete" and run.config["workload"] == "chat"
     assert queries.run_summary(db, run.run_id).output_tokens == summary["output_tokens"]

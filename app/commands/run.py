@@ -23,6 +23,7 @@ import threading
 from app.db_argument import add_db_argument, db_path
 from app.engine_options import add_engine_options, engine_config_from_args, parse_size
 from app.workloads import BUILTIN, WorkItem, load_workload
+from db.miss_reasons import miss_line, run_miss_reasons
 
 RUN_KV_BUDGET = "24MiB"  # small on purpose: prefix hits, eviction and preemption all happen
 FIT_LONGEST = 2  # a budget sized to the workload holds this many of its longest requests
@@ -160,6 +161,7 @@ def _summary_table(summary: dict) -> str:
         ),
         ("prefix hit rate", _fmt(summary["prefix_hit_rate"], ".1%")),
         ("prefix hit tokens", summary["prefix_hit_tokens"]),
+        ("missed because", miss_line(summary.get("miss_reasons"))),
         ("evicted pages", summary["evicted_pages"]),
         ("offloaded pages", summary["offloaded_pages"]),
         ("preemptions", summary["preemptions"]),
@@ -228,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
             )
     summary = dataclasses.asdict(recorder.summary)
     summary["db"] = db_file
+    misses = run_miss_reasons(db_file, recorder.run_id)
+    summary["miss_reasons"] = None if misses is None else dataclasses.asdict(misses)
     for count, reason in group_reasons(outcome.get("rejections", [])):
         print(f"[kvscope] {count} rejected: {reason}", file=sys.stderr)
     if args.json:
