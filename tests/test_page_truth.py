@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -140,7 +141,7 @@ def test_real_model_shared_prefix(make_engine, tmp_path):
     from app.run_job import drive
     from app.workloads import builtin
 
-    engine = make_engine(kv_budget_bytes=24 << 20, page_map_every=4)
+    engine = make_engine(kv_budget_bytes=128 << 20, page_map_every=4)
     path = tmp_path / "r.db"
     recorder = Recorder(path, {"test": True}, model="smollm2")
     engine.bus.subscribe(recorder.on_event)
@@ -154,10 +155,12 @@ def test_real_model_shared_prefix(make_engine, tmp_path):
         return out
 
     engine.step = probed_step
-    items = builtin("shared-prefix", 4, rate=0.0)
-    for item in items:
-        item.max_tokens = 6
-    drive(engine, items, threading.Event())
+    # Later arrivals find the first one's document in the prefix tree and share it.
+    items = [
+        replace(item, max_tokens=12, arrival_s=0.0 if i == 0 else 0.01)
+        for i, item in enumerate(builtin("shared-prefix", 4, rate=0.0))
+    ]
+    counts = drive(engine, items, threading.Event())
     recorder.finish("complete")
-    assert _shared_steps(probe) > 0
+    assert _shared_steps(probe) > 0, counts
     _assert_truth(path, recorder.run_id, probe)
