@@ -17,6 +17,7 @@ class CacheNode(Protocol):
     last_access: int
     hits: int
     created: int
+    next_use: int
 
 
 class EvictionPolicy(ABC):
@@ -55,7 +56,25 @@ class FIFO(EvictionPolicy):
         return (node.created,)
 
 
-POLICIES: dict[str, type[EvictionPolicy]] = {cls.name: cls for cls in (LRU, LFU, FIFO)}
+class Belady(EvictionPolicy):
+    """The offline optimum (Belady's MIN): the page needed furthest in the future goes first.
+
+    Only a replay knows the future: it stamps each page's ``next_use`` (the
+    index of the next request that needs that content) whenever the cache
+    touches it (engine/replay). No online policy beats it at the same
+    capacity, so it bounds what a smarter policy could win. Ties (content
+    never needed again) go least recently used first.
+    """
+
+    name = "belady"
+
+    def priority(self, node: CacheNode) -> tuple[int, ...]:
+        return (-node.next_use, node.last_access)
+
+
+POLICIES: dict[str, type[EvictionPolicy]] = {cls.name: cls for cls in (LRU, LFU, FIFO, Belady)}
+# Policies an online engine can run (belady needs the future, which only a replay has).
+ONLINE_POLICIES = ("lru", "lfu", "fifo")
 
 
 def make_policy(name: str) -> EvictionPolicy:

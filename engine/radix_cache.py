@@ -101,6 +101,7 @@ class RadixCache(PrefixCache):
         self._stamps = itertools.count(1)
         self.step = 0
         self.host_pages = 0
+        self.evictions = 0  # pages evicted (dropped or offloaded) since the start
         self.work = CacheWork()
         self._by_page: dict[int, Node] = {}  # every device page the cache holds
         # Of those, the pages no request holds: a flag per page (bytearray indexing is
@@ -322,6 +323,7 @@ class RadixCache(PrefixCache):
         return freed
 
     def _evict_node(self, node: Node) -> None:
+        self.evictions += 1
         parent = node.parent
         page = self._detach(node)
         offload = self.host is not None and self.should_offload() and self.host.num_free > 0

@@ -1,0 +1,541 @@
+"""Replay a request trace through the engine's own KV-cache machinery, with no model.
+
+``ReplayDriver`` builds the real ``Scheduler``, ``KVCacheManager``,
+``RadixCache`` (with the chosen eviction policy, belady included) and, for
+offload or swap, a host tier of slots (engine/replay/host.py), then steps them
+as ``Engine.step`` does, except that the model forward is replaced by nothing:
+a step's tokens are simply marked computed and offered to the prefix cache.
+Every KV decision is the engine's own code, and with a subscribed bus the
+events are the engine's own events (a recorded replay is a run like any other).
+
+Content: each request's prompt is a ``PageTokens`` (engine/replay/tokens.py):
+one integer key per page derived from the trace's hash ids, so a page costs one
+dict probe in the radix cache, not ``page_size`` tokens.
+
+Time (``ReplayConfig.timing``):
+
+- ``sequential``: one request after another, nothing concurrent, no compute
+  time (the Mooncake paper's Figure 9). ``capacity_tokens`` caps what the
+  prefix cache holds (its pages, the running request's included, as an LRU
+  over blocks would count them); the pool has room for that plus the longest
+  request, so every request runs.
+- ``roofline``: arrivals from the trace's timestamps (divided by ``speed``);
+  each step lasts the roofline time of its work on the device preset
+  (engine/replay/timing.py). ``capacity_tokens`` is then the whole KV pool, as
+  on a server: running requests hold pages while others arrive, and eviction,
+  preemption and offload happen as the scheduler decides. A request longer
+  than the pool is rejected.
+
+Decode steps of a replay do no work per token: when nothing is in prefill and
+nothing new could be admitted, the running decodes advance together by ``k``
+tokens in one scheduler step (``k`` bounded by the next arrival, the nearest
+finish and the token budget), and the step lasts ``k`` decode steps.
+
+API (for callers that route requests themselves, e.g. several replicas)::
+
+    driver = ReplayDriver(trace, ReplayConfig(...), bus=None, prepared=None)
+    result = driver.run()                     # the whole trace
+
+    # or by hand:
+    driver.add(i)                             # queue trace request i (at driver.now_s)
+    while driver.has_work(): driver.step()    # one engine step
+    driver.result()                           # figures so far
+
+``driver.kv`` (KVCacheManager), ``driver.cache`` (RadixCache) and
+``driver.scheduler`` are the engine objects; ``driver.requests`` maps trace
+index to ``Request``. ``prepare(trace, page_size, belady)`` builds the page
+keys once, to share between drivers (sweeps, replicas).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from engine.errors import KvscopeError
+from engine.events import (
+    ChunkScheduled,
+    EventBus,
+    FirstToken,
+    RequestArrived,
+    RequestFinished,
+    RequestPreempted,
+    RequestRejected,
+    RequestResumed,
+    RequestScheduled,
+    StepSummary,
+    now_ns,
+)
+from engine.eviction import POLICIES, make_policy
+from engine.kv_manager import KVCacheManager
+from engine.presets import device_preset, model_preset
+from engine.radix_cache import RadixCache
+from engine.replay.host import SlotTier
+from engine.replay.timing import Roofline
+from engine.replay.tokens import KeySpace, PageTokens
+from engine.replay.traces import ReplayTrace, next_uses, page_contents
+from engine.request import Request, Status
+from engine.sampler import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sizing import kv_bytes_per_token, reload_cost
+
+TIMINGS = ("sequential", "roofline")
+UNLIMITED_BATCH = 1 << 40
+
+
+@dataclass(slots=True)
+class ReplayConfig:
+    capacity_tokens: int | None = None  # None: unlimited (nothing is ever evicted)
+    page_size: int = 512
+    eviction_policy: str = "lru"
+    timing: str = "sequential"
+    offload: str = "never"  # never | always | auto (reload when cheaper than recompute)
+    host_tokens: int = 0  # host tier size for offload / swap
+    preemption: str = "recompute"
+    max_batched_tokens: int = 8192  # roofline only; sequential runs a request in one step
+    max_num_seqs: int = 256
+    model: str = "llama3-8b"  # preset: bytes per token and the roofline's parameters
+    kv_dtype: str = "fp16"
+    device: str = "h100-80"  # roofline device preset
+    speed: float = 1.0  # roofline: arrival times divided by this
+    page_maps: int = 200  # page-map snapshots per recorded run (about)
+    check_every: int = 0  # steps between full integrity checks (tests); 0 = never
+    # Cache pages that hold output tokens too (the live engine does). Off by default: a
+    # hash-id trace already names every prompt block, a previous turn's output included,
+    # so fresh output pages would hold the same memory twice and never hit.
+    cache_outputs: bool = False
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise KvscopeError(message)
+
+        check(self.capacity_tokens is None or self.capacity_tokens > 0, "capacity must be > 0")
+        check(self.page_size >= 1, "page size must be >= 1")
+        check(
+            self.eviction_policy in POLICIES,
+            f"eviction policy must be one of {', '.join(POLICIES)}",
+        )
+        check(self.timing in TIMINGS, f"timing must be one of {', '.join(TIMINGS)}")
+        check(self.offload in ("never", "always", "auto"), "offload must be never, always or auto")
+        check(self.preemption in ("recompute", "swap"), "preemption must be recompute or swap")
+        check(self.speed > 0, "speed must be > 0")
+        check(self.max_batched_tokens >= 1 and self.max_num_seqs >= 1, "batch limits must be >= 1")
+        model_preset(self.model)  # raise on unknown names here, before anything runs
+        if self.timing == "roofline":
+            device_preset(self.device)
+
+    @property
+    def bytes_per_token(self) -> float:
+        m = model_preset(self.model)
+        return kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, self.kv_dtype)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A trace's page keys at one page size (and belady's next uses), built once."""
+
+    page_size: int
+    keys: list[list[int]]
+    space: KeySpace
+    uses: list[list[int]] | None = None
+
+
+def prepare(trace: ReplayTrace, page_size: int, belady: bool = False) -> Prepared:
+    keys, space = page_contents(trace, page_size)
+    return Prepared(page_size, keys, space, next_uses(keys) if belady else None)
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    requests: int
+    finished: int
+    rejected: int
+    queried_tokens: int
+    hit_tokens: int
+    steps: int
+    evicted_pages: int
+    offloaded_pages: int
+    reloaded_pages: int
+    preemptions: int
+    pool_pages: int
+    capacity_tokens: int | None
+    wall_s: float
+    simulated_s: float
+    ttft_mean_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    queue_mean_s: float | None = None
+    queue_p99_s: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    def summary(self) -> dict:
+        out = asdict(self)
+        out["hit_rate"] = self.hit_rate
+        return out
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+class ReplayDriver:
+    def __init__(
+        self,
+        trace: ReplayTrace,
+        config: ReplayConfig,
+        bus: EventBus | None = None,
+        prepared: Prepared | None = None,
+    ) -> None:
+        self.trace = trace
+        self.config = cfg = config
+        self.bus = bus or EventBus()
+        ps = cfg.page_size
+        belady = cfg.eviction_policy == "belady"
+        if prepared is None or prepared.page_size != ps or (belady and prepared.uses is None):
+            prepared = prepare(trace, ps, belady)
+        self.prepared = prepared
+        self.sequential = cfg.timing == "sequential"
+        entries = trace.entries
+        longest = max(-(-(e.input_len + max(1, e.output_len)) // ps) for e in entries)
+        if cfg.capacity_tokens is None:
+            total = sum(-(-(e.input_len + max(1, e.output_len)) // ps) for e in entries)
+            self.cap_pages = None
+            num_pages = total + 1
+        elif self.sequential:
+            self.cap_pages = cfg.capacity_tokens // ps
+            num_pages = self.cap_pages + longest + 1
+        else:
+            self.cap_pages = None
+            num_pages = cfg.capacity_tokens // ps
+            if num_pages < 2:
+                raise KvscopeError(
+                    f"a capacity of {cfg.capacity_tokens} tokens holds {num_pages} pages of {ps}"
+                )
+        self.kv = kv = KVCacheManager(num_pages, ps, self.bus)
+        self.bytes_per_token = cfg.bytes_per_token
+        model = model_preset(cfg.model)
+        device = device_preset(cfg.device)
+        page_bytes = self.bytes_per_token * ps
+        if cfg.offload != "never" or cfg.preemption == "swap":
+            slots = max(1, cfg.host_tokens // ps)
+            kv.host = SlotTier(slots, page_bytes / (device.pcie_gbps * 1e9))
+        cost = reload_cost(
+            model.num_params, self.bytes_per_token, device.pcie_gbps, device.fp16_tflops
+        )
+        offload = cfg.offload == "always" or (
+            cfg.offload == "auto" and cost.recompute_over_load > 1.0
+        )
+        self.cache = RadixCache(
+            kv.pool, self.bus, make_policy(cfg.eviction_policy), kv.host, lambda: offload
+        )
+        kv.prefix = self.cache
+        batch = UNLIMITED_BATCH if self.sequential else cfg.max_batched_tokens
+        from engine.engine_config import EngineConfig  # the scheduler's knobs only
+
+        self.engine_config = EngineConfig(
+            kv_budget_bytes=max(1, int(num_pages * page_bytes)),
+            page_size=ps,
+            max_batched_tokens=int(min(batch, 1 << 31)),
+            max_num_seqs=1 if self.sequential else cfg.max_num_seqs,
+            preemption=cfg.preemption,
+            offload=cfg.offload,
+        )
+        self.scheduler = Scheduler(self.engine_config, kv)
+        self.roofline = Roofline.of(model, device, self.bytes_per_token)
+        self.num_pages = num_pages
+        self.requests: dict[int, Request] = {}
+        self.now_s = 0.0
+        self.step_count = 0
+        self.finished = self.rejected = self.preemptions = 0
+        self.evicted = 0
+        self.ttfts: list[float] = []
+        self.queues: list[float] = []
+        self._arrival: dict[int, float] = {}
+        self._changed = True  # something was admitted or finished: no decode burst yet
+        maps = max(1, cfg.page_maps)
+        self.page_map_every = max(
+            1, (3 * len(entries) if self.sequential else 8 * len(entries)) // maps
+        )
+        self._wall = 0.0
+
+    # --- requests ----------------------------------------------------------------------
+
+    def add(self, index: int) -> Request | None:
+        """Queue trace request ``index`` now; None if it can never fit (rejected)."""
+        e = self.trace.entries[index]
+        p = self.prepared
+        out = max(1, e.output_len)
+        tokens = PageTokens(
+            p.keys[index],
+            e.input_len,
+            p.space,
+            p.uses[index] if p.uses is not None else None,
+            [] if self.config.cache_outputs else None,
+        )
+        emit = self.bus.active
+        ts = now_ns()
+        need = -(-(e.input_len + out) // self.config.page_size)
+        if need > self.num_pages:
+            self.rejected += 1
+            if emit:
+                self.bus.emit(RequestArrived(ts, self.step_count, index, e.input_len, out))
+                self.bus.emit(
+                    RequestRejected(
+                        ts, self.step_count, index,
+                        f"{e.input_len + out} tokens need {need} pages; the pool has {self.num_pages}",
+                    )
+                )  # fmt: skip
+            return None
+        req = Request(
+            request_id=index,
+            prompt_ids=tokens,  # type: ignore[arg-type]  # page-keyed, see engine/replay/tokens.py
+            params=SamplingParams(max_tokens=out),
+            arrival_ns=ts,
+            max_len=1 << 62,
+        )
+        self.requests[index] = req
+        self._arrival[index] = self.now_s
+        self.scheduler.add(req)
+        self._changed = True
+        if emit:
+            self.bus.emit(RequestArrived(ts, self.step_count, index, e.input_len, out))
+        return req
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # --- one step ----------------------------------------------------------------------
+
+    def _burst(self) -> int:
+        """How many decode steps the running requests take together in this step."""
+        sched = self.scheduler
+        running = sched.running
+        if not running:
+            return 1
+        left = []
+        for req in running:
+            if req.num_computed < len(req.prompt_ids) or req.num_tokens - req.num_computed != 1:
+                return 1  # a prefill (or a partly done burst) is in the batch
+            left.append(req.params.max_tokens - len(req.output_ids))
+        if self.sequential:
+            return max(1, min(left))
+        if sched.waiting and self._changed:
+            return 1  # give the queue's head a normal step to be admitted
+        k = min(min(left), self.config.max_batched_tokens // len(running))
+        if self._next_arrival is not None:
+            one = self._decode_step_s(running)
+            if one > 0:
+                k = min(k, max(1, math.ceil((self._next_arrival - self.now_s) / one)))
+        return max(1, k)
+
+    def _decode_step_s(self, running: list[Request]) -> float:
+        ctx = sum(r.num_computed for r in running)
+        return self.roofline.step_s(len(running), ctx, ctx)
+
+    _next_arrival: float | None = None
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        kv, sched, bus = self.kv, self.scheduler, self.bus
+        emit = bus.active
+        step = self.step_count
+        kv.set_step(step)
+        k = self._burst()
+        if k > 1:
+            for req in sched.running:
+                req.output_ids.extend(
+                    [0] * (min(k, req.params.max_tokens - len(req.output_ids)) - 1)
+                )
+        batch = sched.schedule()
+        self._changed = bool(batch.preempted or batch.resumed)
+        if batch.preempted:
+            self.preemptions += len(batch.preempted)
+            if emit:
+                for victim, mode in batch.preempted:
+                    bus.emit(
+                        RequestPreempted(
+                            now_ns(), step, victim.request_id, mode, len(victim.host_slots)
+                        )
+                    )
+        if emit:
+            for req, mode in batch.resumed:
+                bus.emit(RequestResumed(now_ns(), step, req.request_id, mode))
+        prefill = decode = 0
+        pairs = read = 0.0
+        ts = now_ns()
+        done = []
+        for req, n in zip(batch.requests, batch.num_new, strict=True):
+            if req.scheduled_ns is None:
+                req.scheduled_ns = ts
+                self._changed = True
+                self.queues.append(self.now_s - self._arrival[req.request_id])
+                if emit:
+                    bus.emit(RequestScheduled(ts, step, req.request_id, req.num_cached))
+            start = req.num_computed
+            in_prefill = start < len(req.prompt_ids)
+            if in_prefill:
+                prefill += n
+                if emit and (n < len(req.prompt_ids) - start or start > req.num_cached):
+                    bus.emit(ChunkScheduled(ts, step, req.request_id, start, n))
+            else:
+                decode += n
+            pairs += n * start + n * (n + 1) / 2
+            # a prefill chunk reads its context once; a burst of n decode steps, n times
+            read += start if n == 1 or in_prefill else n * start + n * (n - 1) / 2
+            req.num_computed = start + n
+            kv.offer(req)
+            if req.num_computed == req.num_tokens:
+                done.append(req)
+        seconds = 0.0
+        if not self.sequential:
+            if k > 1 and not prefill:
+                seconds = k * self.roofline.step_s(len(batch.requests), pairs / k, read / k)
+            else:
+                seconds = self.roofline.step_s(prefill + decode, pairs, read)
+            host = kv.host
+            if host is not None:
+                seconds += host.copy_s
+                host.copy_s = 0.0
+            self.now_s += seconds
+        for req in done:
+            self._sample(req)
+        if self.cap_pages is not None:
+            excess = self.cache.device_pages - self.cap_pages
+            if excess > 0:
+                self.cache.evict(excess)
+        if self.config.check_every and step % self.config.check_every == 0:
+            kv.check_integrity()
+        if emit:
+            if step % self.page_map_every == 0:
+                kv.emit_page_map()
+            tokens_held, pages_cached = kv.occupancy()
+            pool = kv.pool
+            wall = time.perf_counter() - t0
+            bus.emit(
+                StepSummary(
+                    now_ns(), step,
+                    batch_size=len(batch.requests), prefill_tokens=prefill, decode_tokens=decode,
+                    running=len(sched.running), waiting=len(sched.waiting),
+                    pages_total=pool.num_pages, pages_used=pool.num_used,
+                    pages_cached=pages_cached, pages_free=pool.num_free,
+                    page_size=pool.page_size, tokens_held=tokens_held,
+                    host_pages_used=kv.host_pages_used,
+                    duration_s=wall if self.sequential else seconds,
+                )
+            )  # fmt: skip
+        self.step_count += 1
+
+    def _sample(self, req: Request) -> None:
+        """The step's "model" produced one token for ``req``; finish it at its length."""
+        req.output_ids.append(0)
+        if req.first_token_ns is None:
+            req.first_token_ns = now_ns()
+            ttft = self.now_s - self._arrival[req.request_id]
+            self.ttfts.append(ttft)
+            if self.bus.active:
+                self.bus.emit(FirstToken(req.first_token_ns, self.step_count, req.request_id, ttft))
+        if len(req.output_ids) >= req.params.max_tokens:
+            self._finish(req)
+
+    def _finish(self, req: Request) -> None:
+        req.status = Status.FINISHED
+        req.finish_reason = "length"
+        req.finish_ns = now_ns()
+        self.scheduler.finish(req)
+        self.kv.release(req)
+        self.finished += 1
+        self._changed = True
+        if self.bus.active:
+            n = len(req.output_ids)
+            self.bus.emit(
+                RequestFinished(
+                    req.finish_ns, self.step_count, req.request_id, len(req.prompt_ids), n,
+                    req.num_cached, "length", self.ttfts[-1] if self.ttfts else 0.0, 0.0,
+                )
+            )  # fmt: skip
+        # Done: drop the request's content (a whole trace of them is a lot of memory).
+        del self.requests[req.request_id]
+        req.output_ids = []
+
+    # --- the whole trace ------------------------------------------------------------------
+
+    def run(
+        self,
+        progress: Callable[[int, int], None] | None = None,
+        throttle: Callable[[], None] | None = None,
+    ) -> ReplayResult:
+        """Replay every request; ``progress(done, total)`` now and then, ``throttle()``
+        every few steps (a recorder that needs the engine to wait for its writer)."""
+        t0 = time.perf_counter()
+        entries = self.trace.entries
+        n = len(entries)
+        every = max(1, n // 100)
+        if self.sequential:
+            for i in range(n):
+                if self.add(i) is None:
+                    continue
+                while self.scheduler.has_work():
+                    self.step()
+                if progress is not None and i % every == 0:
+                    progress(i + 1, n)
+                if throttle is not None and i % 16 == 0:
+                    throttle()
+        else:
+            speed = self.config.speed
+            arrivals = [e.arrival_s / speed for e in entries]
+            nxt = 0
+            while nxt < n or self.scheduler.has_work():
+                if not self.scheduler.has_work() and nxt < n:
+                    self.now_s = max(self.now_s, arrivals[nxt])
+                while nxt < n and arrivals[nxt] <= self.now_s:
+                    self.add(nxt)
+                    nxt += 1
+                    if progress is not None and nxt % every == 0:
+                        progress(nxt, n)
+                self._next_arrival = arrivals[nxt] if nxt < n else None
+                if self.scheduler.has_work():
+                    self.step()
+                    if throttle is not None and self.step_count % 64 == 0:
+                        throttle()
+        if progress is not None:
+            progress(n, n)
+        self._wall += time.perf_counter() - t0
+        return self.result()
+
+    def result(self) -> ReplayResult:
+        kv = self.kv
+        host = kv.host
+        return ReplayResult(
+            requests=len(self.trace.entries),
+            finished=self.finished,
+            rejected=self.rejected,
+            queried_tokens=kv.prefix_queried_tokens,
+            hit_tokens=kv.prefix_hit_tokens,
+            steps=self.step_count,
+            evicted_pages=self.cache_evictions(),
+            offloaded_pages=host.stores if host is not None else 0,
+            reloaded_pages=host.loads if host is not None else 0,
+            preemptions=self.preemptions,
+            pool_pages=self.num_pages,
+            capacity_tokens=self.config.capacity_tokens,
+            wall_s=self._wall,
+            simulated_s=self.now_s,
+            ttft_mean_s=sum(self.ttfts) / len(self.ttfts) if self.ttfts and not self.sequential else None,
+            ttft_p50_s=None if self.sequential else _quantile(self.ttfts, 0.5),
+            ttft_p99_s=None if self.sequential else _quantile(self.ttfts, 0.99),
+            queue_mean_s=sum(self.queues) / len(self.queues) if self.queues and not self.sequential else None,
+            queue_p99_s=None if self.sequential else _quantile(self.queues, 0.99),
+        )  # fmt: skip
+
+    def cache_evictions(self) -> int:
+        return self.cache.evictions
