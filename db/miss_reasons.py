@@ -11,7 +11,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from db.source import Source, connection
+from db.source import NO_END, Position, Source, connection
 from engine.events import PrefixMiss
 
 # The reasons in display order, as (field of MissCounts, label).
@@ -39,6 +39,13 @@ class MissCounts:
     @property
     def missed(self) -> int:
         return self.cold + self.capacity + self.granularity + self.last_token
+
+    @property
+    def main(self) -> str | None:
+        """The label of the reason most missed tokens have (None with nothing missed)."""
+        if not self.missed:
+            return None
+        return max(REASONS, key=lambda reason: getattr(self, reason[0]))[1]
 
     def shares(self) -> dict[str, float]:
         """Each reason's share of the missed tokens (0 with nothing missed)."""
@@ -68,11 +75,15 @@ def _counts(row: tuple) -> MissCounts:
     )
 
 
-def _query(conn: sqlite3.Connection, run_id: int, tail: str = "") -> list[tuple]:
+def _query(
+    conn: sqlite3.Connection, run_id: int, at: Position | None = None, by_request: bool = False
+) -> list[tuple]:
+    until = (NO_END, NO_END) if at is None else (at.step, at.ts_ns)
     return conn.execute(
-        f"SELECT {_SUMS}{', request_id' if tail else ''} FROM events "
-        f"WHERE run_id = ? AND kind = ? {tail}",
-        (run_id, PrefixMiss.kind),
+        f"SELECT {_SUMS}{', request_id' if by_request else ''} FROM events "
+        "WHERE run_id = ? AND kind = ? AND step <= ? AND ts_ns <= ?"
+        f"{' GROUP BY request_id' if by_request else ''}",
+        (run_id, PrefixMiss.kind, *until),
     ).fetchall()
 
 
@@ -84,10 +95,13 @@ def run_miss_reasons(source: Source, run_id: int) -> MissCounts | None:
     return None if row[0] is None else _counts(row)
 
 
-def request_miss_reasons(source: Source, run_id: int) -> dict[int, MissCounts]:
-    """Each request's missed tokens by reason, summed over its admissions."""
+def request_miss_reasons(
+    source: Source, run_id: int, at: Position | None = None
+) -> dict[int, MissCounts]:
+    """Each request's missed tokens by reason, summed over its admissions (those up to
+    the position ``at``, if given)."""
     with connection(source) as conn:
-        rows = _query(conn, run_id, "GROUP BY request_id")
+        rows = _query(conn, run_id, at, by_request=True)
     return {row[-1]: _counts(row[:-1]) for row in rows}
 
 

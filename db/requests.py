@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from db.miss_reasons import MissCounts, request_miss_reasons
+from db.page_states import StepPages
 from db.source import NO_END, NO_START, Position, Source, connection, kinds_sql, run_origin
 from engine.errors import KvscopeError
 from engine.events import (
@@ -73,6 +75,12 @@ class RequestState:
     ttft_s: float | None
     tpot_s: float | None
     preemptions: int
+    # pages held (``pages``) split into private and shared, and those that would go
+    # back to the free list if it finished now (db/page_states.py)
+    private_pages: int = 0
+    shared_pages: int = 0
+    would_free: int = 0
+    misses: MissCounts | None = None  # its missed tokens by reason so far (db/miss_reasons.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,11 +207,27 @@ def _by(arrival_s: float | None, offset: float | None, t_s: float) -> bool:
     return offset is not None and (arrival_s or 0.0) + offset <= t_s
 
 
+def _holdings(pages: StepPages | np.ndarray | None) -> dict[int, tuple[int, int, int, int]]:
+    """Request id -> (pages held, private, shared, would free if it finished now)."""
+    if isinstance(pages, StepPages):
+        out = {}
+        for rid in pages.request_pages:
+            h = pages.request_holdings(rid)
+            out[rid] = (h.held, h.private, h.shared, h.would_free)
+        return out
+    if pages is None or not pages.size:
+        return {}
+    # Owner codes alone (a recording without holders): every held page reads private.
+    held = np.bincount(pages[pages >= 0])
+    return {int(rid): (int(n), int(n), 0, int(n)) for rid, n in enumerate(held) if n}
+
+
 def requests_at(
-    conn: sqlite3.Connection, at: Position, t_s: float, owners: np.ndarray | None
+    conn: sqlite3.Connection, at: Position, t_s: float, owners: StepPages | np.ndarray | None
 ) -> list[RequestState]:
     """Requests that had arrived by ``t_s`` (the position's time), in the state they
-    were in then; ``owners`` (the page map there) gives the pages each held."""
+    were in then; ``owners`` (the page states there, or owner codes) gives the pages
+    each held, shared ones included."""
     changes = conn.execute(
         """SELECT request_id, kind FROM events WHERE run_id = ? AND kind IN (?, ?)
            AND ts_ns <= ? AND step <= ? ORDER BY step, ts_ns, id""",
@@ -211,8 +235,7 @@ def requests_at(
     ).fetchall()
     last_change = dict(changes)
     preemptions = Counter(rid for rid, kind in changes if kind == RequestPreempted.kind)
-    owners = owners if owners is not None else np.empty(0, np.int32)
-    held = np.bincount(owners[owners >= 0]) if owners.size else np.empty(0, np.int64)
+    holdings = _holdings(owners)
     arrived = []
     for r in requests_table(conn, at.run_id, progress=False):  # progress at the position below
         if r.arrival_s is not None and r.arrival_s > t_s:
@@ -231,6 +254,7 @@ def requests_at(
     progress = request_progress(
         conn, at, [r.request_id for r, state in arrived if state in ("running", "preempted")]
     )
+    misses = request_miss_reasons(conn, at.run_id, at)
     states = []
     for r, state in arrived:
         so_far = progress.get(r.request_id)
@@ -245,10 +269,14 @@ def requests_at(
                 prompt_tokens=r.prompt_tokens,
                 output_tokens=output,
                 cached_tokens=r.cached_tokens if state != "waiting" else None,
-                pages=int(held[r.request_id]) if r.request_id < len(held) else 0,
+                pages=holdings.get(r.request_id, (0,))[0],
                 ttft_s=r.ttft_s if _by(r.arrival_s, r.ttft_s, t_s) else None,
                 tpot_s=tpot,
                 preemptions=preemptions[r.request_id],
+                private_pages=holdings.get(r.request_id, (0, 0))[1],
+                shared_pages=holdings.get(r.request_id, (0, 0, 0))[2],
+                would_free=holdings.get(r.request_id, (0, 0, 0, 0))[3],
+                misses=misses.get(r.request_id),
             )
         )
     return states

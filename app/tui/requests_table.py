@@ -21,9 +21,17 @@ from db.requests import RequestState
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    key: str  # RequestState field the column shows and sorts by
+    key: str  # RequestState field the column shows and sorts by ("misses.x": a field of it)
     label: str
     width: int
+
+
+def field_value(r: RequestState, key: str):
+    """The figure a column shows: a field of the request, or of its miss split (None
+    when the request recorded none)."""
+    head, _, rest = key.partition(".")
+    value = getattr(r, head)
+    return getattr(value, rest) if rest and value is not None else value
 
 
 COLUMNS = (
@@ -36,6 +44,10 @@ COLUMNS = (
     Column("ttft_s", "TTFT", 8),
     Column("tpot_s", "TPOT", 8),
     Column("preemptions", "pre", 3),
+    # Why its prompt tokens missed the prefix cache: the main reason, and the tokens that
+    # more KV memory would have saved (engine/miss_reasons.py).
+    Column("misses.main", "missed", 11),
+    Column("misses.capacity", "cap", 5),
 )
 
 # Rows shown at most (the first in the chosen order): refilling a table costs
@@ -70,6 +82,8 @@ def row_cells(r: RequestState) -> tuple[Text, ...]:
         right(fmt.seconds(r.ttft_s)),
         right(fmt.seconds(r.tpot_s)),
         right(str(r.preemptions)),
+        Text(field_value(r, "misses.main") or fmt.MISSING),
+        right(fmt.count(field_value(r, "misses.capacity"))),
     )
 
 
@@ -118,7 +132,7 @@ class RequestsTable(DataTable):
         key = COLUMNS[self.sort_column].key
 
         def value(r: RequestState) -> tuple[bool, float]:
-            v = STATE_RANK[r.state] if key == "state" else getattr(r, key)
+            v = STATE_RANK[r.state] if key == "state" else field_value(r, key)
             return (v is not None, v if v is not None else 0)
 
         by_id = sorted(self.requests, key=lambda r: r.request_id)
