@@ -57,6 +57,17 @@ class PagePool:
                 freed.append(p)
         return freed
 
+    def decref_one(self, page: int) -> bool:
+        """``decref([page])`` without the lists (the prefix cache's eviction path); True if
+        the page became free."""
+        refcount = self.refcount
+        assert refcount[page] > 0, f"decref on free page {page}"
+        refcount[page] -= 1
+        if refcount[page]:
+            return False
+        self._free.append(page)
+        return True
+
     def check_integrity(self) -> None:
         """Every page is either free (count 0, once in the free list) or held (count > 0)."""
         counts = np.asarray(self.refcount)

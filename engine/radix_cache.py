@@ -140,18 +140,31 @@ class RadixCache(PrefixCache):
     # --- the evictable set and its heap ------------------------------------------------
 
     def _refresh(self, node: Node) -> None:
-        """Bring ``node``'s cache-only and evictable membership up to date (O(log n))."""
-        if node is self.root or node.page is None:
+        """Bring ``node``'s cache-only and evictable membership up to date (O(log n)).
+
+        The hot path of a replay (several calls per page): a node is in the
+        evictable set exactly when ``queued`` is set, so the set is only
+        touched when membership changes.
+        """
+        page = node.page
+        if page is None or node is self.root:
             return
-        if self.pool.refcount[node.page] != 1:
-            self._set_cache_only(node.page, 0)
-            self._evictable.discard(node)
-            node.queued = None
+        cache_only = self._cache_only
+        if self.pool.refcount[page] != 1:
+            if cache_only[page]:
+                cache_only[page] = 0
+                self._num_cached_only -= 1
+            if node.queued is not None:
+                self._evictable.discard(node)
+                node.queued = None
             return
-        self._set_cache_only(node.page, 1)
+        if not cache_only[page]:
+            cache_only[page] = 1
+            self._num_cached_only += 1
         if node.device_children:
-            self._evictable.discard(node)
-            node.queued = None
+            if node.queued is not None:
+                self._evictable.discard(node)
+                node.queued = None
             return
         priority = self._policy.priority(node)
         if node.queued != priority:  # newly evictable, or re-keyed by an access
@@ -179,8 +192,10 @@ class RadixCache(PrefixCache):
         """``node`` now holds device ``page`` (the caller took the cache's reference)."""
         node.page, node.host_slot = page, None
         self._by_page[page] = node
-        node.parent.device_children += 1
-        self._refresh(node.parent)  # no longer a leaf on the device
+        parent = node.parent
+        parent.device_children += 1
+        if parent.device_children == 1:
+            self._refresh(parent)  # no longer a leaf on the device
 
     def _detach(self, node: Node) -> int:
         """``node`` gives up its device page (the caller drops the reference); returns it."""
@@ -208,6 +223,8 @@ class RadixCache(PrefixCache):
         pages: list[int] = []
         tick = next(self._clock)
         future = getattr(tokens, "next_use", None)
+        refcount = self.pool.refcount
+        refresh = self._refresh
         for i, key in enumerate(self._blocks(tokens, limit)):
             self.work.nodes += 1
             child = node.children.get(key)
@@ -216,12 +233,12 @@ class RadixCache(PrefixCache):
             if not child.on_device and not self._reload(child):
                 break
             # Take the caller's reference now, so reloading the next page cannot evict this one.
-            self.pool.incref([child.page])
+            refcount[child.page] += 1  # held by the cache: never a free page
             child.last_access = tick
             child.hits += 1
             if future is not None:
                 child.next_use = future(i)
-            self._refresh(child)
+            refresh(child)
             pages.append(child.page)
             node = child
         return pages, len(pages) * self.page_size
@@ -282,15 +299,20 @@ class RadixCache(PrefixCache):
         stored: list[int] = []
         tick = next(self._clock)
         future = getattr(tokens, "next_use", None)
+        refcount = self.pool.refcount
+        attach, refresh = self._attach, self._refresh  # a replay inserts ~300k pages
+        walked = 0
         for i, key in enumerate(self._blocks(tokens, len(tokens), start_page), start_page):
-            self.work.nodes += 1
+            walked += 1
             child = node.children.get(key)
             if child is None:
                 child = Node(key=key, parent=node, created=tick, chain=chain_hash(node.chain, key))
                 node.children[key] = child
-                self.pool.incref([pages[i]])
-                self._attach(child, pages[i])
-                stored.append(pages[i])
+                page = pages[i]
+                assert refcount[page] > 0, f"insert of free page {page}"
+                refcount[page] += 1
+                attach(child, page)
+                stored.append(page)
             elif not child.on_device:
                 # Adopt the request's copy instead of reloading the offloaded one.
                 self.host.release(child.host_slot)
@@ -301,8 +323,9 @@ class RadixCache(PrefixCache):
             child.last_access = tick
             if future is not None:
                 child.next_use = future(i)
-            self._refresh(child)
+            refresh(child)
             node = child
+        self.work.nodes += walked
         if stored and self.bus.active:
             self.bus.emit(
                 BlockStored(now_ns(), self.step, tuple(stored), len(stored) * self.page_size)
@@ -336,15 +359,20 @@ class RadixCache(PrefixCache):
                 self.bus.emit(PageEvicted(now_ns(), self.step, page, "offloaded", self.policy.name))
                 self.bus.emit(PageOffloaded(now_ns(), self.step, page, slot, seconds))
         else:
-            self._drop_subtree(node)
+            if node.children:
+                self._drop_subtree(node)
+            else:  # the usual leaf: nothing below it to drop
+                del parent.children[node.key]
+                node.parent = None
             self.misses.evicted(node.chain, now_ns(), self.step)
             if emit:
                 self.bus.emit(PageEvicted(now_ns(), self.step, page, "dropped", self.policy.name))
                 self.bus.emit(BlockRemoved(now_ns(), self.step, (page,)))
-        self.pool.decref([page])
+        self.pool.decref_one(page)
         self._evicted.add(page)
         self.evicted_step[page] = "offloaded" if offload else "dropped"
-        self._refresh(parent)  # may now be a leaf on the device
+        if not parent.device_children:
+            self._refresh(parent)  # now a leaf on the device
 
     def _drop_subtree(self, node: Node) -> None:
         """Unlink ``node``; its descendants (all offloaded) lose their host slots."""
