@@ -59,6 +59,11 @@ class RequestRow:
     preemptions: int
     finish_reason: str | None
     rejected_reason: str | None
+    # Its missed prompt tokens by reason, summed over its admissions (db/miss_reasons.py).
+    missed_cold: int | None = None
+    missed_capacity: int | None = None
+    missed_granularity: int | None = None
+    missed_last_token: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +177,7 @@ def requests_table(source: Source, run_id: int, *, progress: bool = True) -> lis
         if progress and latest:
             running = [row[0] for row in rows if _status(row[11], row[3], row[2]) == "running"]
             so_far = request_progress(conn, Position(run_id, *latest), running)
+        misses = request_miss_reasons(conn, run_id)
 
     def since(ts_ns: int | None, origin: int | None) -> float | None:
         return (ts_ns - origin) / 1e9 if ts_ns is not None and origin is not None else None
@@ -197,9 +203,16 @@ def requests_table(source: Source, run_id: int, *, progress: bool = True) -> lis
                 preemptions=preempt or 0,
                 finish_reason=reason,
                 rejected_reason=rejected,
+                **_missed(misses.get(rid)),
             )
         )
     return table
+
+
+def _missed(counts: MissCounts | None) -> dict[str, int | None]:
+    """A request row's missed-token fields (None for a request never admitted)."""
+    names = ("cold", "capacity", "granularity", "last_token")
+    return {f"missed_{n}": None if counts is None else getattr(counts, n) for n in names}
 
 
 def _by(arrival_s: float | None, offset: float | None, t_s: float) -> bool:

@@ -211,6 +211,11 @@ REQUEST_COLUMNS = (
     ("cached", "cached_tokens", "numeric"),
     ("preempted", "preemptions", "numeric"),
     ("finish", "finish_reason", "text"),
+    # Why its prompt tokens missed the prefix cache (db/miss_reasons.py).
+    ("missed: cold", "missed_cold", "numeric"),
+    ("capacity", "missed_capacity", "numeric"),
+    ("granularity", "missed_granularity", "numeric"),
+    ("last token", "missed_last_token", "numeric"),
 )
 
 
