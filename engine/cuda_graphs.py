@@ -7,7 +7,10 @@ and replaying it costs one launch. A batch of ``n`` requests runs in the
 smallest bucket ``>= n``: the spare rows are padding that read and write only
 a scratch page no request owns, and their logits are dropped.
 
-The bucket and padding logic is plain Python (tested on the CPU); graphs
+The graph's static inputs are sections of one staging buffer
+(``engine.staging``): a step writes them on the host and one non-blocking
+copy brings them over. The bucket and padding logic is plain Python (tested
+on the CPU); graphs
 themselves are captured only on CUDA with the Triton backend, whose kernels
 take every length from device tensors (the torch path builds per-step
 gather indices on the host, so it stays eager).
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.staging import StagingBuffer
 from kernels.metadata import AttentionMetadata
 
 
@@ -38,34 +42,20 @@ def bucket_for(n: int, buckets: list[int]) -> int | None:
     return buckets[i] if i < len(buckets) else None
 
 
+# The decode warm-up before capture gives every row this many tokens of context, so
+# autotuning times the decode kernel on real work, not on 1-token contexts (a
+# typical chat context; the split-K launch itself is sized by the graph's longest one).
+TUNE_KV_LEN = 1024
+
+
 @dataclass(slots=True)
 class DecodeBatch:
-    """One decode step as host lists, padded to a bucket: what the graph's buffers take."""
+    """One decode step padded to a bucket, already in the graph's staging buffer."""
 
-    token_ids: list[int]
-    positions: list[int]
-    slots: list[int]
-    page_tables: list[list[int]]
-    kv_lens: list[int]
+    size: int  # the bucket
     num_real: int
-
-    @property
-    def size(self) -> int:
-        return len(self.token_ids)
-
-
-def pad_decode(batch: DecodeBatch, bucket: int, pad_page: int, page_size: int) -> DecodeBatch:
-    """``batch`` grown to ``bucket`` rows; each pad row is one token at position 0 in ``pad_page``."""
-    extra = bucket - batch.size
-    assert extra >= 0, f"{batch.size} rows do not fit bucket {bucket}"
-    return DecodeBatch(
-        token_ids=batch.token_ids + [0] * extra,
-        positions=batch.positions + [0] * extra,
-        slots=batch.slots + [pad_page * page_size] * extra,
-        page_tables=batch.page_tables + [[pad_page]] * extra,
-        kv_lens=batch.kv_lens + [1] * extra,
-        num_real=batch.num_real,
-    )
+    kv_lens: list[int]  # real rows' context lengths (new token included), then 1 per pad row
+    all_sample: bool  # every real row samples (a plain decode step): no logits gather
 
 
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
@@ -74,8 +64,11 @@ Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]
 class DecodeGraphs:
     """Static input buffers plus one captured graph per bucket; ``run`` replays the right one.
 
-    ``forward(token_ids, positions, slots, meta)`` must return logits for every
-    row and launch only device work (no host reads of device tensors).
+    The static inputs are sections of one fixed staging buffer (``engine.staging``):
+    a step writes them on the host and one copy brings them to the device before
+    the replay. ``forward(token_ids, positions, slots, meta)`` must return
+    logits for every row and launch only device work (no host reads of device
+    tensors).
     """
 
     def __init__(
@@ -89,28 +82,41 @@ class DecodeGraphs:
         self.buckets = decode_buckets(max_num_seqs)
         self.page_size = page_size
         self.device = torch.device(device)
+        self.max_pages_per_seq = max_pages_per_seq
         top = self.buckets[-1]
-
-        def buffer(n: int) -> torch.Tensor:
-            return torch.zeros(n, dtype=torch.int64, device=self.device)
-
-        self.token_ids, self.positions, self.slots = buffer(top), buffer(top), buffer(top)
-        self.cu_seqlens_q = torch.arange(top + 1, dtype=torch.int32, device=self.device)
-        self.kv_indptr = torch.zeros(top + 1, dtype=torch.int32, device=self.device)
-        self.kv_indices = torch.zeros(
-            top * max_pages_per_seq, dtype=torch.int32, device=self.device
+        i64, i32 = torch.int64, torch.int32
+        # Fixed sections, page indices last: a step copies up to its last page id only.
+        layout = (("token_ids", top, i64), ("positions", top, i64), ("slots", top, i64),
+                  ("kv_indptr", top + 1, i32), ("kv_last_page_len", top, i32),
+                  ("kv_indices", top * max_pages_per_seq, i32))  # fmt: skip
+        self.staging = StagingBuffer(
+            StagingBuffer.section_bytes(*((n, d) for _, n, d in layout)), device, fixed=True
         )
-        self.kv_last_page_len = torch.ones(top, dtype=torch.int32, device=self.device)
+        self.staging.begin()
+        self.offsets = {name: self.staging.reserve(n, d) for name, n, d in layout}
+        self._sizes = {name: (n, d) for name, n, d in layout}
+        self.token_ids, self.positions, self.slots, self.kv_indptr, self.kv_last_page_len, self.kv_indices = (
+            self.staging.view(self.offsets[name], n, d) for name, n, d in layout
+        )  # fmt: skip
+        self.cu_seqlens_q = torch.arange(top + 1, dtype=torch.int32, device=self.device)
         self.max_kv_len = max_pages_per_seq * page_size
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self._forward = forward
         self._pool = None
 
-    def _meta(self, bucket: int, kv_lens: list[int] | None) -> AttentionMetadata:
-        # A captured graph gets the longest possible context as its host-side kv_lens
-        # (Triton reads them only to size the split-K launch), so one graph serves every
-        # length; the uncaptured path passes the real ones (the torch backend reads them).
+    def host(self, name: str, n: int | None = None):
+        """The host side of static input ``name`` (its first ``n`` values), to fill in place."""
+        size, dtype = self._sizes[name]
+        return self.staging.host(self.offsets[name], size if n is None else n, dtype)
+
+    def meta(self, bucket: int, kv_lens: list[int] | None) -> AttentionMetadata:
+        """The step's metadata over the static buffers.
+
+        A captured graph gets the longest possible context as its host-side kv_lens
+        (Triton reads them only to size the split-K launch), so one graph serves every
+        length; the uncaptured path passes the real ones (the torch backend reads them).
+        """
         return AttentionMetadata(
             cu_seqlens_q=self.cu_seqlens_q[: bucket + 1],
             kv_indptr=self.kv_indptr[: bucket + 1],
@@ -126,20 +132,83 @@ class DecodeGraphs:
             self.token_ids[:bucket],
             self.positions[:bucket],
             self.slots[:bucket],
-            self._meta(bucket, kv_lens),
+            self.meta(bucket, kv_lens),
         )
 
-    def capture(self) -> None:
+    def stage(
+        self,
+        tokens: list[int],
+        positions: object,
+        slots: object,
+        flat_pages: list[int],
+        indptr: object,
+        last_page_len: object,
+        kv_lens: list[int],
+        all_sample: bool,
+        pad_page: int,
+    ) -> DecodeBatch:
+        """Write one decode step into the static inputs, padded to its bucket, and copy it
+        to the device (one copy). Each pad row is one token at position 0 in ``pad_page``,
+        a page no request owns; its logits are dropped."""
+        n = len(tokens)
+        bucket = self.bucket(n)
+        assert bucket is not None, f"{n} rows fit no bucket"
+        ps = self.page_size
+        pages = len(flat_pages)
+        extra = bucket - n
+        self.staging.begin()
+        self.host("token_ids", bucket)[:] = tokens + [0] * extra
+        pos = self.host("positions", bucket)
+        pos[:n] = positions
+        pos[n:] = 0
+        slot = self.host("slots", bucket)
+        slot[:n] = slots
+        slot[n:] = pad_page * ps
+        ptr = self.host("kv_indptr", bucket + 1)
+        ptr[: n + 1] = indptr
+        ptr[n + 1 :] = range(pages + 1, pages + extra + 1)
+        last = self.host("kv_last_page_len", bucket)
+        last[:n] = last_page_len
+        last[n:] = 1
+        indices = self.host("kv_indices", pages + extra)
+        indices[:pages] = flat_pages
+        indices[pages:] = pad_page
+        self.staging.commit(self.offsets["kv_indices"] + 4 * (pages + extra))
+        return DecodeBatch(bucket, n, kv_lens + [1] * extra, all_sample)
+
+    def stage_warmup(self, bucket: int, num_pages: int, pad_page: int, kv_len: int) -> list[int]:
+        """Static inputs for the warm-up of ``bucket``: every row ``kv_len`` tokens of context
+        over existing pages (read only; the pool is empty at start-up), its new K/V written to
+        ``pad_page``. Returns the rows' kv_lens."""
+        ps = self.page_size
+        kv_len = max(1, min(kv_len, self.max_kv_len))
+        per_row = -(-kv_len // ps)
+        flat = [p % num_pages for p in range(bucket * per_row)]
+        return self.stage(
+            [0] * bucket,
+            [kv_len - 1] * bucket,
+            [pad_page * ps] * bucket,
+            flat,
+            range(0, bucket * per_row + 1, per_row),
+            [kv_len - (per_row - 1) * ps] * bucket,
+            [kv_len] * bucket,
+            True,
+            pad_page,
+        ).kv_lens
+
+    def capture(self, num_pages: int, pad_page: int, tune_kv_len: int = TUNE_KV_LEN) -> None:
         """Capture every bucket, largest first so the smaller ones reuse its memory pool.
 
-        Without CUDA nothing is captured and ``run`` calls the forward on the same
-        buffers: the padding and buffer logic stays testable on the CPU.
+        Each bucket first runs once outside the capture on real-sized contexts
+        (``stage_warmup``): Triton compiles and autotunes there. Without CUDA
+        nothing is captured and ``run`` calls the forward on the same buffers:
+        the padding and buffer logic stays testable on the CPU.
         """
-        self.kv_indptr.copy_(torch.arange(len(self.kv_indptr), dtype=torch.int32))
         if self.device.type != "cuda":
             return
         for bucket in reversed(self.buckets):
-            self._call(bucket)  # warm-up: Triton compiles and autotunes outside the capture
+            self.stage_warmup(bucket, num_pages, pad_page, tune_kv_len)
+            self._call(bucket)  # warm-up: compile and autotune outside the capture
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
                 self.outputs[bucket] = self._call(bucket)
@@ -152,21 +221,8 @@ class DecodeGraphs:
         return bucket_for(n, self.buckets)
 
     def run(self, batch: DecodeBatch) -> torch.Tensor:
-        """Logits ``[batch.num_real, vocab]`` for a batch already padded to a bucket."""
+        """Logits ``[batch.num_real, vocab]`` of a batch ``stage`` has written."""
         bucket = batch.size
-        meta = AttentionMetadata.build(
-            batch.page_tables, [1] * bucket, batch.kv_lens, self.page_size
-        )
-        host = (
-            (self.token_ids, torch.tensor(batch.token_ids)),
-            (self.positions, torch.tensor(batch.positions)),
-            (self.slots, torch.tensor(batch.slots)),
-            (self.kv_indptr, meta.kv_indptr),
-            (self.kv_indices, meta.kv_indices),
-            (self.kv_last_page_len, meta.kv_last_page_len),
-        )
-        for dst, src in host:
-            dst[: len(src)].copy_(src)
         graph = self.graphs.get(bucket)
         if graph is None:
             self.outputs[bucket] = self._call(bucket, batch.kv_lens)

@@ -169,6 +169,8 @@ class Engine:
         self.runner = ModelRunner(
             self.model, self.storage, self.backend, config.device, kernel_sink=self._on_kernel
         )
+        # Autotuning happens here, at start-up, on every prefill query-length class.
+        self.runner.warm_up_prefill(config.max_batched_tokens)
         if use_graphs:
             pages_per_seq = math.ceil(self.max_request_tokens / config.page_size)
             self.runner.capture_decode_graphs(config.max_num_seqs, pages_per_seq, num_pages)
@@ -479,9 +481,9 @@ class Engine:
             while req.num_computed < len(token_ids):
                 n = min(chunk, len(token_ids) - req.num_computed)
                 self.kv.grow(req, req.num_computed + n)
-                inputs = self.runner.prepare([req], [n])
-                rows = torch.arange(len(inputs.token_ids), device=self.device)
-                logits = self.runner.execute_rows(inputs, rows)
+                # Every new token's logits; a 1-token chunk may replay a decode graph.
+                inputs = self.runner.prepare([req], [n], all_logits=True)
+                logits = self.runner.execute(inputs)
                 parts.append(logits if reduce is None else reduce(logits))
                 req.num_computed += n
         finally:

@@ -18,14 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from engine.cuda_graphs import DecodeBatch, DecodeGraphs, pad_decode
+from engine.cuda_graphs import DecodeBatch, DecodeGraphs
 from engine.infllm import InfLLMMemory
 from engine.kernel_timer import KernelSink, KernelTimer
 from engine.kv_storage import KVStorage
 from engine.model import DecoderModel
 from engine.request import Request
+from engine.staging import StagingBuffer
 from kernels import KVPages, paged_attention
 from kernels.backend import paged_attention_cost, paged_kernel_name
 from kernels.metadata import AttentionMetadata
@@ -67,6 +69,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.pad_page = -1
         self.infllm: InfLLMMemory | None = None  # infllm attention: per-layer page tables
+        self.staging = StagingBuffer(1 << 16, self.device)  # eager steps' inputs, grows
 
     # --- CUDA graphs ----------------------------------------------------------------
 
@@ -84,57 +87,153 @@ class ModelRunner:
             meta: AttentionMetadata,
         ) -> torch.Tensor:
             attend, _ = self._attend(slots, meta, timed=False)
-            return self.model.forward(token_ids, positions, attend, rows[: len(token_ids)])
+            kv = self.storage.step(slots)  # the model writes K/V itself (fused with RoPE)
+            return self.model.forward(token_ids, positions, attend, rows[: len(token_ids)], kv)
 
         self.graphs = DecodeGraphs(
             forward, max_num_seqs, max_pages_per_seq, self.storage.page_size, str(self.device)
         )
-        self.graphs.capture()
+        self.graphs.capture(self.storage.data.shape[1], pad_page)
+
+    def warm_up_prefill(self, max_batched_tokens: int) -> None:
+        """Run one prefill of every query-length class up to ``max_batched_tokens`` (CUDA +
+        Triton only), so the prefill kernel autotunes each ``q_class`` at start-up, not inside
+        the first timed steps. The writes land in pages no request holds yet (the pool is
+        empty at start-up), and are overwritten before anything reads them."""
+        if self.device.type != "cuda" or self.backend != "triton":
+            return
+        ps = self.storage.page_size
+        num_pages = self.storage.data.shape[1]
+        length = 2
+        while True:
+            n = min(length, max_batched_tokens, num_pages * ps)
+            pages = list(range(-(-n // ps)))
+            inputs = self._stage([_Warmup(pages, n)], [n])
+            self.execute_rows(inputs, inputs.logits_rows, report=False)
+            if n >= min(max_batched_tokens, num_pages * ps):
+                break
+            length *= 2
+        torch.cuda.synchronize(self.device)
 
     # --- one step -------------------------------------------------------------------
 
-    def prepare(self, requests: list[Request], num_new: list[int]) -> StepInputs:
-        page_size = self.storage.page_size
+    def prepare(
+        self, requests: list[Request], num_new: list[int], all_logits: bool = False
+    ) -> StepInputs:
+        """The step's inputs, staged with one host-to-device copy; a decode step that fits
+        a graph bucket goes to the graph's own buffers. ``all_logits``: logits of every new
+        token (scoring), not only of the rows that sample."""
+        if self.infllm is not None:
+            return self._stage(requests, num_new, all_logits, self.infllm.plan(requests, num_new))
+        if self.graphs is not None and all(n == 1 for n in num_new):
+            if self.graphs.bucket(len(requests)) is not None:
+                return self._stage_graph(requests, all_logits)
+        return self._stage(requests, num_new, all_logits)
+
+    def _stage_graph(self, requests: list[Request], all_logits: bool) -> StepInputs:
+        ps = self.storage.page_size
         tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        logits_rows: list[int] = []
+        flat: list[int] = []
+        indptr = [0]
+        kv_lens: list[int] = []
+        sampling: list[Request] = []
+        rows: list[int] = []
+        for i, req in enumerate(requests):
+            pos = req.num_computed
+            tokens.append(_token_at(req, pos))
+            flat.extend(req.pages[: pos // ps + 1])
+            indptr.append(len(flat))
+            kv_lens.append(pos + 1)
+            if all_logits or pos + 1 == req.num_tokens:
+                sampling.append(req)
+                rows.append(i)
+        positions = np.asarray(kv_lens, dtype=np.int64) - 1
+        page_ids = np.asarray(flat, dtype=np.int64)[np.asarray(indptr[1:]) - 1]
+        slots = page_ids * ps + positions % ps
+        last = positions % ps + 1
+        graphs = self.graphs
+        batch = graphs.stage(
+            tokens, positions, slots, flat, indptr, last, kv_lens,
+            len(rows) == len(requests), self.pad_page,
+        )  # fmt: skip
+        n = len(requests)
+        return StepInputs(
+            token_ids=graphs.token_ids[:n],
+            positions=graphs.positions[:n],
+            slots=graphs.slots[:n],
+            meta=graphs.meta(batch.size, batch.kv_lens),
+            # A plain decode step samples every row and needs no gather (nor its copy).
+            logits_rows=torch.tensor(
+                rows, dtype=torch.long, device="cpu" if batch.all_sample else self.device
+            ),
+            sampling=sampling,
+            graph_batch=batch,
+        )
+
+    def _stage(
+        self,
+        requests: list,
+        num_new: list[int],
+        all_logits: bool = False,
+        meta: AttentionMetadata | None = None,
+    ) -> StepInputs:
+        """An eager step: every input in one staging buffer, one copy; ``meta`` given
+        (InfLLM's own page tables) replaces the CSR table built here."""
+        ps = self.storage.page_size
+        tokens: list[int] = []
+        flat: list[int] = []
+        indptr = [0]
+        kv_lens: list[int] = []
+        rows: list[int] = []
         sampling: list[Request] = []
         for req, n in zip(requests, num_new, strict=True):
             start = req.num_computed
-            ids = req.token_ids()
-            tokens.extend(ids[start : start + n])
-            pages = req.pages
-            for pos in range(start, start + n):
-                positions.append(pos)
-                slots.append(pages[pos // page_size] * page_size + pos % page_size)
-            if start + n == req.num_tokens:
-                logits_rows.append(len(tokens) - 1)
+            end = start + n
+            tokens.extend(_tokens(req, start, end))
+            flat.extend(req.pages[: -(-end // ps)])
+            indptr.append(len(flat))
+            kv_lens.append(end)
+            if all_logits:
+                rows.extend(range(len(tokens) - n, len(tokens)))
+            elif end == req.num_tokens:
+                rows.append(len(tokens) - 1)
+            if all_logits or end == req.num_tokens:
                 sampling.append(req)
-        kv_lens = [r.num_computed + n for r, n in zip(requests, num_new, strict=True)]
-        page_tables = [r.pages for r in requests]
-        graph_batch = None
-        if self.graphs is not None and self.infllm is None and len(tokens) == len(requests):
-            bucket = self.graphs.bucket(len(requests))
-            if bucket is not None:
-                batch = DecodeBatch(tokens, positions, slots, page_tables, kv_lens, len(tokens))
-                graph_batch = pad_decode(batch, bucket, self.pad_page, page_size)
-        # A graph step copies the batch into the graph's own buffers (DecodeGraphs.run):
-        # its flat tensors stay on the host, saving a handful of copies per step.
-        device = self.device if graph_batch is None else torch.device("cpu")
-        return StepInputs(
-            token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-            slots=torch.tensor(slots, dtype=torch.long, device=device),
-            meta=(
-                AttentionMetadata.build(page_tables, list(num_new), kv_lens, page_size, device)
-                if self.infllm is None
-                else self.infllm.plan(requests, num_new)
-            ),
-            logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=self.device),
-            sampling=sampling,
-            graph_batch=graph_batch,
+        b, t = len(requests), len(tokens)
+        ends = np.asarray(kv_lens, dtype=np.int64)
+        ptr = np.asarray(indptr, dtype=np.int64)
+        pages = np.asarray(flat, dtype=np.int64)
+        if t == b:  # decode only: one token per request, the last of its context
+            cu = np.arange(b + 1, dtype=np.int64)
+            positions = ends - 1
+            page_of = pages[ptr[1:] - 1]
+        else:
+            counts = np.asarray(num_new, dtype=np.int64)
+            cu = np.zeros(b + 1, dtype=np.int64)
+            np.cumsum(counts, out=cu[1:])
+            positions = np.arange(t, dtype=np.int64) + np.repeat(ends - counts - cu[:-1], counts)
+            page_of = pages[np.repeat(ptr[:-1], counts) + positions // ps]
+        i64, i32 = torch.int64, torch.int32
+        staging = self.staging
+        # 8 sections: int64 tokens, positions, slots, rows; int32 CSR table (+ alignment).
+        staging.begin(8 * (3 * t + len(rows)) + 4 * (3 * b + 2 + len(flat)) + 64)
+        sections = (
+            (staging.put(tokens, i64), t, i64),
+            (staging.put(positions, i64), t, i64),
+            (staging.put(page_of * ps + positions % ps, i64), t, i64),
+            (staging.put(rows, i64), len(rows), i64),
+            (staging.put(cu, i32), b + 1, i32),
+            (staging.put(ptr, i32), b + 1, i32),
+            (staging.put(ends - (np.diff(ptr) - 1) * ps, i32), b, i32),
+            (staging.put(pages, i32), len(flat), i32),
         )
+        staging.commit()
+        tok, pos, slots, logits_rows, cu_q, kv_ptr, last, indices = (
+            staging.view(*s) for s in sections
+        )
+        if meta is None:
+            meta = AttentionMetadata(cu_q, kv_ptr, indices, last, ps, list(num_new), kv_lens)
+        return StepInputs(tok, pos, slots, meta, logits_rows, sampling)
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Run the model; returns logits for ``inputs.sampling`` in order."""
@@ -147,12 +246,16 @@ class ModelRunner:
             with timer.span():
                 logits = self.graphs.run(inputs.graph_batch)
             timer.submit(self.step, "graph.decode_step", *self._step_cost(inputs.graph_batch))
-        return logits[inputs.logits_rows]
+        return logits if inputs.graph_batch.all_sample else logits[inputs.logits_rows]
 
-    def execute_rows(self, inputs: StepInputs, logits_rows: torch.Tensor) -> torch.Tensor:
+    def execute_rows(
+        self, inputs: StepInputs, logits_rows: torch.Tensor, report: bool = True
+    ) -> torch.Tensor:
         """Run the model eagerly; returns logits for the given rows of the flat batch."""
-        attend, totals = self._attend(inputs.slots, inputs.meta, self.kernel_sink is not None)
-        logits = self.model.forward(inputs.token_ids, inputs.positions, attend, logits_rows)
+        timed = report and self.kernel_sink is not None
+        attend, totals = self._attend(inputs.slots, inputs.meta, timed)
+        kv = self.storage.step(inputs.slots)  # the model writes K/V itself (fused with RoPE)
+        logits = self.model.forward(inputs.token_ids, inputs.positions, attend, logits_rows, kv)
         if self.infllm is not None:
             self.infllm.finish_step()
         for name, (shape, calls, seconds, flops, nbytes) in totals.items():
@@ -193,7 +296,8 @@ class ModelRunner:
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             pages = storage.layer(layer)
-            pages.write(slots, k, v)
+            if k is not None:  # None: the model wrote this layer's K/V (StepKV)
+                pages.write(slots, k, v)
             step_meta = (
                 meta if infllm is None else infllm.layer_metadata(layer, q, pages.data, meta)
             )
@@ -229,3 +333,37 @@ def _attention_cost(
     """(shape, 0 seconds, FLOPs, bytes) of one attention call, counted as the kernels count."""
     shape, flops, nbytes = paged_attention_cost(q, pages.data, pages.scales, meta, pages.kv_dtype)
     return shape, 0.0, flops, nbytes
+
+
+@dataclass(slots=True)
+class _Warmup:
+    """A stand-in request for ``warm_up_prefill``: ``n`` token-0 tokens over ``pages``."""
+
+    pages: list[int]
+    num_tokens: int
+    num_computed: int = 0
+    output_ids: tuple[int, ...] = ()
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return [0] * self.num_tokens
+
+
+def _token_at(req: Request, pos: int) -> int:
+    """Token ``pos`` of the request's sequence, without building the whole sequence."""
+    prompt = req.prompt_ids
+    if pos < len(prompt):
+        return prompt[pos]
+    return req.output_ids[pos - len(prompt)]
+
+
+def _tokens(req: Request, start: int, end: int) -> list[int]:
+    """Tokens ``start:end`` of the request's sequence (prompt then output), without
+    concatenating the two (``req.token_ids()`` copies the whole sequence)."""
+    prompt = req.prompt_ids
+    p = len(prompt)
+    if end <= p:
+        return prompt[start:end]
+    if start >= p:
+        return req.output_ids[start - p : end - p]
+    return prompt[start:] + req.output_ids[: end - p]

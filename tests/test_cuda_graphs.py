@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-from engine.cuda_graphs import DecodeBatch, bucket_for, decode_buckets, pad_decode
+from engine.cuda_graphs import DecodeGraphs, bucket_for, decode_buckets
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.sampler import SamplingParams
@@ -28,16 +29,39 @@ def test_a_batch_runs_in_the_smallest_bucket_that_holds_it(n, bucket):
     assert bucket_for(n, decode_buckets(64)) == bucket
 
 
+def _graphs(max_num_seqs: int = 4, max_pages: int = 3, page_size: int = 16) -> DecodeGraphs:
+    return DecodeGraphs(lambda *a: None, max_num_seqs, max_pages, page_size, "cpu")
+
+
 def test_padding_rows_touch_only_the_scratch_page():
-    batch = DecodeBatch([5, 6], [17, 3], [7 * 16 + 1, 2 * 16 + 3], [[4, 7], [2]], [18, 4], 2)
-    padded = pad_decode(batch, 4, pad_page=99, page_size=16)
-    assert padded.size == 4 and padded.num_real == 2
-    assert padded.token_ids == [5, 6, 0, 0] and padded.positions == [17, 3, 0, 0]
-    assert padded.slots[2:] == [99 * 16] * 2
-    assert padded.page_tables[2:] == [[99], [99]] and padded.kv_lens[2:] == [1, 1]
-    assert batch.size == 2  # the input is not modified
+    graphs = _graphs()
+    # Three real rows: pages [4, 7] at position 17, [2] at position 3, [9] at position 0.
+    batch = graphs.stage(
+        [5, 6, 8], [17, 3, 0], [7 * 16 + 1, 2 * 16 + 3, 9 * 16], [4, 7, 2, 9], [0, 2, 3, 4],
+        [2, 4, 1], [18, 4, 1], True, pad_page=99,
+    )  # fmt: skip
+    assert (batch.size, batch.num_real, batch.kv_lens) == (4, 3, [18, 4, 1, 1])
+    assert graphs.token_ids.tolist() == [5, 6, 8, 0]
+    assert graphs.positions.tolist() == [17, 3, 0, 0]
+    assert graphs.slots.tolist() == [7 * 16 + 1, 2 * 16 + 3, 9 * 16, 99 * 16]
+    assert graphs.kv_indptr.tolist() == [0, 2, 3, 4, 5]
+    assert graphs.kv_indices[:5].tolist() == [4, 7, 2, 9, 99]
+    assert graphs.kv_last_page_len.tolist() == [2, 4, 1, 1]
+    meta = graphs.meta(4, None)  # captured: the longest context sizes the split-K launch
+    assert meta.kv_lens == [48] * 4 and meta.query_lens == [1] * 4
     with pytest.raises(AssertionError):
-        pad_decode(padded, 2, 99, 16)
+        graphs.stage([1] * 5, [0] * 5, [0] * 5, [0] * 5, range(6), [1] * 5, [1] * 5, True, 99)
+
+
+def test_the_warm_up_times_real_contexts_not_one_token():
+    graphs = _graphs(max_pages=8)
+    kv_lens = graphs.stage_warmup(4, num_pages=5, pad_page=5, kv_len=100)
+    assert kv_lens == [100] * 4  # 7 pages each, the last holding 4 tokens
+    assert graphs.kv_indptr.tolist() == [0, 7, 14, 21, 28]
+    assert graphs.kv_last_page_len.tolist() == [4] * 4
+    assert set(graphs.kv_indices[:28].tolist()) == set(range(5))  # existing pages, read only
+    assert graphs.slots.tolist() == [5 * 16] * 4 and graphs.positions.tolist() == [99] * 4
+    assert graphs.stage_warmup(2, 5, 5, kv_len=10_000) == [8 * 16] * 2  # capped at the longest
 
 
 def _engine(max_num_seqs: int) -> Engine:
@@ -66,3 +90,21 @@ def test_greedy_tokens_are_identical_through_the_padded_graph_path():
     assert run(graphed) == eager
     # 5 requests pad to 8, then to 4 and 2 as they finish; never a partial bucket.
     assert {8, 4, 2} <= set(buckets) <= set(decode_buckets(8))
+
+
+def test_score_with_graphs_routes_one_token_chunks_through_the_graph_path():
+    seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    eager = _engine(4).score(seq, chunk=1)
+    graphed = _engine(4)
+    pages_per_seq = math.ceil(graphed.max_request_tokens / graphed.config.page_size)
+    [scratch] = graphed.kv.pool.allocate(1)
+    graphed.runner.capture_decode_graphs(4, pages_per_seq, pad_page=scratch)
+    runs = []
+    replay = graphed.runner.graphs.run
+    graphed.runner.graphs.run = lambda b: runs.append(b.size) or replay(b)
+    got = graphed.score(seq, chunk=1)
+    assert runs == [1] * len(seq)  # every 1-token chunk went to the graph path
+    assert got.shape == eager.shape == (len(seq), 64)
+    assert torch.allclose(got, eager, atol=1e-5)
+    mixed = graphed.score(seq, chunk=7)  # 7, 7, 6 tokens: eager; the same logits
+    assert torch.allclose(mixed, eager, atol=1e-4)
