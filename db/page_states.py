@@ -47,7 +47,8 @@ What readers call:
 - ``StepPages.owners()``: the legacy owner codes (request id >= 0, ``PAGE_*`` < 0)
   for code that colours by owner.
 - ``cell_states(state, per_cell)``, ``cell_mix(state, per_cell)``,
-  ``cell_holders(holders, per_cell)``: aggregation for drawing.
+  ``cell_holders(holders, per_cell)``, ``cell_holder(holder, per_cell)``,
+  ``cell_any(mask, per_cell)``: aggregation for drawing.
 - ``STATES`` / ``STATE_NAMES`` and the ``STATE_*`` codes for legends.
 
 Legacy owner codes (``engine.events.PAGE_FREE``/``PAGE_CACHED``/``PAGE_EVICTED``
@@ -265,19 +266,19 @@ def cell_holders(holders: np.ndarray, per_cell: int) -> np.ndarray:
     return _cells(holders, per_cell, 0).max(axis=1)
 
 
-def cell_holder(holder: np.ndarray, state: np.ndarray, per_cell: int) -> np.ndarray:
-    """The request a cell is coloured by: the holder most of its held pages have
-    (the highest id among ties), -1 where it holds none."""
+def cell_holder(holder: np.ndarray, per_cell: int) -> np.ndarray:
+    """The request a cell is coloured by: the highest holder id among its pages
+    (-1 where none is held)."""
     if per_cell == 1:
         return holder
-    cells = _cells(holder, per_cell, -1)
-    out = np.full(cells.shape[0], -1, np.int32)
-    for i, row in enumerate(cells):
-        held = row[row >= 0]
-        if held.size:
-            counts = np.bincount(held)
-            out[i] = len(counts) - 1 - int(np.argmax(counts[::-1]))
-    return out
+    return _cells(holder, per_cell, -1).max(axis=1)
+
+
+def cell_any(mask: np.ndarray, per_cell: int) -> np.ndarray:
+    """Whether any page of each cell is in ``mask`` (a selected request's pages)."""
+    if per_cell == 1:
+        return mask
+    return _cells(mask, per_cell, False).any(axis=1)
 
 
 def state_of_owner_codes(owners: np.ndarray) -> np.ndarray:

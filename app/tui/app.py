@@ -328,9 +328,17 @@ class KvscopeApp(App[None]):
 
     def _show_page_map(self, view: View) -> None:
         page_map = self.query_one(PageGrid)
-        shown = page_map.owners
-        if shown is None or view.pages is None or not np.array_equal(shown, view.pages):
-            page_map.owners = view.pages  # repainted only when a page changed hands
+        shown, states = page_map.owners, view.page_states
+        changed = shown is None or view.pages is None or not np.array_equal(shown, view.pages)
+        if not changed and states is not None:
+            before = page_map.states
+            changed = before is None or not (
+                np.array_equal(before.state, states.state)
+                and np.array_equal(before.holders, states.holders)
+            )
+        if changed:  # repainted only when a page changed hands
+            page_map.states = states
+            page_map.owners = view.pages
         self._show_legend()
 
     def _show_legend(self) -> None:

@@ -21,7 +21,8 @@ from db.events import CHURN_KINDS, Counters, counters, events_per_bucket
 from db.formulas import KernelStat
 from db.infllm import Retrieval, has_retrievals, retrievals
 from db.memory_budget import MeasuredBudget, measured_budget
-from db.pages import PageSnapshot, owners_at, page_map_at, tree_pages
+from db.page_states import StepPages
+from db.pages import PageSnapshot, owners_at, page_map_at, step_pages, tree_pages
 from db.requests import RequestState, requests_at
 from db.runs import RunInfo, newest_run, run_info
 from db.series import GpuPoint, StepPoint, StepRow, StepTimes, step_row, step_times
@@ -53,6 +54,9 @@ class View:
     tree_pages: int = 0
     page_map: PageSnapshot | None = None  # the snapshot ``pages`` was replayed from
     pages: np.ndarray | None = None  # owner per page at the position (PAGE_* codes)
+    # Every page's state at the position (db/page_states.py); None for a recording
+    # without page holds (a simulation, an older run: ``pages`` alone then).
+    page_states: StepPages | None = None
     requests: list[RequestState] = field(default_factory=list)
     kernels: list[KernelStat] = field(default_factory=list)
     gpu: list[GpuPoint] = field(default_factory=list)
@@ -144,8 +148,13 @@ class RunReader:
         at = Position(run_id, row.step, run_origin(conn, run_id) + round(t * 1e9))
         since = max(0.0, t - HISTORY_S)
         snapshot = page_map_at(conn, run_id, row.step)
-        tree = tree_pages(conn, at)
-        pages = owners_at(conn, at, snapshot, tree) if snapshot else None
+        states = step_pages(conn, run_id, row.step)
+        if states is not None:
+            pages, tree_size = states.owners(), states.counts().tree
+        else:  # an older recording: the snapshot replayed through owner codes
+            tree = tree_pages(conn, at)
+            pages = owners_at(conn, at, snapshot, tree) if snapshot else None
+            tree_size = len(tree)
         recent = queries.step_series(conn, run_id, 1, max(0.0, t - WINDOW_S), t)
         history_lo = at.ts_ns - round(min(t, HISTORY_S) * 1e9)
         return View(
@@ -160,10 +169,11 @@ class RunReader:
             churn_history=events_per_bucket(
                 conn, run_id, CHURN_KINDS, history_lo, at.ts_ns, HISTORY_POINTS, at.step
             ),
-            tree_pages=len(tree),
+            tree_pages=tree_size,
             page_map=snapshot,
             pages=pages,
-            requests=requests_at(conn, at, t, pages),
+            page_states=states,
+            requests=requests_at(conn, at, t, states if states is not None else pages),
             kernels=queries.kernel_stats(conn, run_id, until_s=t),
             gpu=queries.gpu_series(conn, run_id, HISTORY_POINTS, since, t),
             budget=measured_budget(conn, run_id),

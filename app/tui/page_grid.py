@@ -3,9 +3,12 @@
 With few pages each page is a square ("■") in a grid labelled by page number;
 with more pages than fit, each character holds two cells (a half block, top and
 bottom), and with more still each cell aggregates several consecutive pages and
-shows the state most of them are in (``db.pages.dominant_owners``), so a pool of
+shows the state most of them are in (``db.page_states.cell_states``), so a pool of
 100,000 pages draws as many cells as a small one; the legend says how many
-pages a cell holds. Clicking a page selects its request.
+pages a cell holds and the mix of states. A shared page (held by N >= 2
+requests) is ivory, lighter with more holders, and in the larger layouts shows N.
+Selecting a request lights every page it holds, shared ones included. Clicking a
+page selects (one of) its request(s).
 """
 
 from __future__ import annotations
@@ -20,7 +23,15 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from app.tui.palette import faded, owner_colour
+from app.tui.palette import BACKGROUND, faded, owner_colour, state_colour
+from db.page_states import (
+    STATE_SHARED,
+    StepPages,
+    cell_any,
+    cell_holder,
+    cell_holders,
+    cell_states,
+)
 from db.pages import dominant_owners
 
 # Cell shapes from largest to smallest: (glyph, characters per cell, lines per
@@ -75,6 +86,9 @@ class PageGrid(Widget):
     owners: reactive[np.ndarray | None] = reactive(None, always_update=True)
     """Owner per page (request id, PAGE_* code or PAGE_OFFLOADED); None before the first snapshot."""
 
+    states: reactive[StepPages | None] = reactive(None, always_update=True)
+    """Every page's state (db/page_states.py); drawn instead of ``owners`` when set."""
+
     selected: reactive[int | None] = reactive(None)
     """The request whose pages stand out (the others fade); None: all shown alike."""
 
@@ -92,6 +106,8 @@ class PageGrid(Widget):
         if self.owners is None:
             return Text("no page-map snapshot recorded yet", style="italic #8c9bb0")
         grid = self.grid()
+        if self.states is not None and len(self.states.state) == len(self.owners):
+            return self._render_states(grid)
         cells = dominant_owners(self.owners, grid.per_cell)
         text = Text(no_wrap=True, overflow="crop")
         if grid.dense:
@@ -111,6 +127,49 @@ class PageGrid(Widget):
                 gap = " " * (grid.cell_width - len(grid.glyph))
                 for owner in cells[row * grid.cols : (row + 1) * grid.cols]:
                     text.append(grid.glyph + gap, style=self._colour(owner))
+        text.rstrip()
+        return text
+
+    def _render_states(self, grid: Grid) -> Text:
+        pages, per = self.states, grid.per_cell
+        state = cell_states(pages.state, per)
+        holder = cell_holder(pages.holder, per)
+        holders = cell_holders(pages.holders, per)
+        lit = None
+        if self.selected is not None:
+            mask = np.zeros(pages.num_pages, bool)
+            mask[pages.request_pages.get(self.selected, np.zeros(0, np.int64))] = True
+            lit = cell_any(mask, per)
+
+        def colour(i: int) -> str:
+            c = state_colour(int(state[i]), int(holder[i]), int(holders[i]))
+            return c if lit is None or lit[i] else faded(c)
+
+        text = Text(no_wrap=True, overflow="crop")
+        n = len(state)
+        if grid.dense:
+            for row in range(0, grid.rows, 2):
+                for col in range(grid.cols):
+                    top, bottom = row * grid.cols + col, (row + 1) * grid.cols + col
+                    if top >= n:
+                        break
+                    below = colour(bottom) if bottom < n else None
+                    text.append("▀", Style(color=colour(top), bgcolor=below))
+                text.append("\n")
+        else:
+            width = len(grid.glyph)
+            gap = " " * (grid.cell_width - width)
+            for row in range(grid.rows):
+                if row:
+                    text.append("\n" * grid.row_height)
+                label = str(row * grid.cols).rjust(grid.gutter - 1)
+                text.append(label + " ", style="#6b7385")
+                for i in range(row * grid.cols, min(n, (row + 1) * grid.cols)):
+                    if state[i] == STATE_SHARED:
+                        text.append(_count_label(int(holders[i]), width), _on(colour(i)))
+                        text.append(gap)
+                    else:
+                        text.append(grid.glyph + gap, style=colour(i))
         text.rstrip()
         return text
 
@@ -140,7 +199,23 @@ class PageGrid(Widget):
         page = None if offset is None else self.page_at(offset.x, offset.y)
         if page is None or self.owners is None:
             return
-        pages = self.owners[page : page + self.grid().per_cell]
+        if self.states is not None and len(self.states.holder) == len(self.owners):
+            pages = self.states.holder[page : page + self.grid().per_cell]
+        else:
+            pages = self.owners[page : page + self.grid().per_cell]
         held = pages[pages >= 0]
         if held.size:
             self.post_message(self.RequestClicked(int(np.bincount(held).argmax())))
+
+
+def _count_label(holders: int, width: int) -> str:
+    """A shared cell's text: how many requests hold it, in ``width`` characters."""
+    for label in (f"×{holders}", str(holders)):
+        if len(label) <= width:
+            return label.center(width)
+    return "+" * width
+
+
+def _on(colour: str) -> Style:
+    """Dark digits on the cell's colour: a block that reads as a count."""
+    return Style(color=BACKGROUND.hex, bgcolor=colour, bold=True)

@@ -40,7 +40,7 @@ COLUMNS = (
     Column("prompt_tokens", "prompt", 6),
     Column("output_tokens", "out", 5),
     Column("cached_tokens", "cached", 6),
-    Column("pages", "pages", 5),
+    Column("pages", "pages", 5),  # held, shared ones included (the split: last columns)
     Column("ttft_s", "TTFT", 8),
     Column("tpot_s", "TPOT", 8),
     Column("preemptions", "pre", 3),
@@ -48,6 +48,8 @@ COLUMNS = (
     # more KV memory would have saved (engine/miss_reasons.py).
     Column("misses.main", "missed", 11),
     Column("misses.capacity", "cap", 5),
+    Column("shared_pages", "shr pg", 6),  # of its pages, those held with other requests
+    Column("would_free", "frees", 5),  # pages back to the free list if it finished now
 )
 
 # Rows shown at most (the first in the chosen order): refilling a table costs
@@ -84,6 +86,8 @@ def row_cells(r: RequestState) -> tuple[Text, ...]:
         right(str(r.preemptions)),
         Text(field_value(r, "misses.main") or fmt.MISSING),
         right(fmt.count(field_value(r, "misses.capacity"))),
+        right(fmt.count(r.shared_pages)),
+        right(fmt.count(r.would_free)),
     )
 
 
