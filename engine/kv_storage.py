@@ -63,3 +63,39 @@ class KVStorage:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.layers[layer].write(slots, k, v)
+
+    def step(self, slots: torch.Tensor) -> StepKV:
+        """Where one step's new tokens go, for every layer (see ``StepKV``)."""
+        return StepKV(self, slots)
+
+
+class StepKV:
+    """One step's K/V destination: the slot mapping, split into (page, offset) once.
+
+    The model writes each layer's new K/V through it. The torch path needs the
+    split as index tensors; it is computed on the first write and shared by
+    every layer (two ops per step, not per layer). The fused Triton write
+    divides in registers and reads ``slots`` directly.
+    """
+
+    __slots__ = ("storage", "slots", "kv_dtype", "_index")
+
+    def __init__(self, storage: KVStorage, slots: torch.Tensor) -> None:
+        self.storage = storage
+        self.slots = slots
+        self.kv_dtype = storage.kv_dtype
+        self._index: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def pages(self, layer: int) -> KVPages:
+        return self.storage.layers[layer]
+
+    def index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._index is None:
+            ps = self.storage.page_size
+            slots = self.slots.to(device=self.storage.data.device, dtype=torch.long)
+            self._index = (slots // ps, slots % ps)
+        return self._index
+
+    def write_kv(self, layer: int, kv: torch.Tensor) -> None:
+        """Store ``kv`` ``[T, 2, Hkv, D]`` (K then V of each token) for ``layer``."""
+        self.storage.layers[layer].write_at(*self.index(), kv)

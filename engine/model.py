@@ -21,29 +21,31 @@ import torch.nn.functional as F
 
 from engine.engine_config import WEIGHT_DTYPES
 from engine.errors import ModelLoadError
+from engine.kv_storage import StepKV
 from engine.model_config import ModelConfig
 
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Projection:
-    """One weight matrix ``[out, in]`` in its storage format; ``proj(x)`` is ``x @ W.T`` in fp32.
+    """One weight matrix ``[out, in]`` in its storage format; ``proj(x)`` is ``x @ W.T``.
 
-    fp32 is the exact path (the oracle tests run it). bf16 halves the bytes
-    read per step and uses the CPU's bf16 GEMMs (avx512_bf16/AMX: 3-5x the
-    fp32 GEMM rate measured here at 32-512 rows); int8 stores per-output-channel
-    symmetric weights (a quarter of the bytes, best for single-stream decode,
-    which is bound by reading weights). Activations stay fp32 between layers;
-    only the GEMM inputs are cast.
+    fp32 is the exact path (the oracle tests run it): fp32 in, fp32 out. bf16
+    and int8 take and return bf16 (``DecoderModel`` keeps its activations in
+    bf16 for them, so no GEMM is wrapped in casts). bf16 halves the bytes read
+    per step and uses the CPU's bf16 GEMMs where it has them (avx512_bf16/AMX);
+    int8 stores per-output-channel symmetric weights (a quarter of the bytes,
+    best for single-stream decode on the CPU, which is bound by reading weights).
+    ``proj.add(x, residual)`` is ``residual + x @ W.T`` in one GEMM where the
+    format allows (``addmm``): the residual add costs no op of its own.
     """
 
-    __slots__ = ("weight", "scales", "bias", "fmt")
+    __slots__ = ("weight", "weight_t", "scales", "bias", "fmt")
 
     def __init__(
         self, weight: torch.Tensor, fmt: str = "fp32", bias: torch.Tensor | None = None
     ) -> None:
         self.fmt = fmt
-        self.bias = bias
         self.scales = None
         if fmt == "fp32":
             self.weight = weight.float().contiguous()
@@ -59,6 +61,8 @@ class Projection:
             raise ModelLoadError(
                 f"unknown weights dtype {fmt!r}; choose one of {', '.join(WEIGHT_DTYPES)}"
             )
+        self.bias = None if bias is None else bias.to(activation_dtype(fmt))
+        self.weight_t = self.weight.t() if fmt != "int8" else None  # a view, for addmm
 
     @property
     def nbytes(self) -> int:
@@ -66,14 +70,22 @@ class Projection:
         return self.weight.numel() * self.weight.element_size() + extra
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fmt == "fp32":
+        if self.fmt != "int8":
             return F.linear(x, self.weight, self.bias)
-        xb = x.to(torch.bfloat16)
-        if self.fmt == "bf16":
-            out = F.linear(xb, self.weight).float()
-        else:
-            out = torch._weight_int8pack_mm(xb, self.weight, self.scales).float()
+        out = torch._weight_int8pack_mm(x, self.weight, self.scales)
         return out if self.bias is None else out + self.bias
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + proj(x)`` (no bias: o_proj and down have none in Llama models)."""
+        if self.fmt == "int8" or self.bias is not None or x.dim() != 2:
+            return residual + self(x)
+        return torch.addmm(residual, x, self.weight_t)
+
+
+def activation_dtype(weights_dtype: str) -> torch.dtype:
+    """The dtype activations travel in between layers: fp32 for fp32 weights (the exact
+    path), bf16 otherwise (the GEMMs take and return bf16)."""
+    return torch.float32 if weights_dtype == "fp32" else torch.bfloat16
 
 
 @dataclass(slots=True)
@@ -87,7 +99,12 @@ class LayerWeights:
 
 
 class RotaryTable:
-    """cos/sin tables for rotate-half RoPE (Hugging Face layout), built once."""
+    """cos/sin tables for rotate-half RoPE (Hugging Face layout), built once.
+
+    ``sin_signed`` is ``sin`` with its first half negated: ``x * cos +
+    x.roll(D/2) * sin_signed`` is rotate-half RoPE in three ops (roll, not
+    neg + cat), with the same products and sums, so the same bits.
+    """
 
     def __init__(
         self,
@@ -105,6 +122,8 @@ class RotaryTable:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
+        half = head_dim // 2
+        self.sin_signed = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
@@ -117,12 +136,30 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    variance = x.pow(2).mean(-1, keepdim=True)
-    return weight * (x * torch.rsqrt(variance + eps))
+    """Llama's RMSNorm, one fused op on the CPU (bit-equal to the Hugging Face formula in fp32)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def rope_into(
+    dst: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor
+) -> None:
+    """``dst = rope(x)`` (``dst`` may be ``x`` itself: the roll reads a copy)."""
+    rolled = x.roll(x.shape[-1] // 2, -1)
+    torch.add(x * cos, rolled * sin_signed, out=dst)
 
 
 class DecoderModel:
-    """Weights plus a forward pass; stateless between steps (state lives in the KV cache)."""
+    """Weights plus a forward pass; stateless between steps (state lives in the KV cache).
+
+    Activations stay in one dtype end to end (``activation_dtype``: fp32 for
+    fp32 weights, bf16 otherwise), so no GEMM is wrapped in casts. On CUDA (or
+    with ``fused=True`` under Triton's interpreter, in tests) each layer runs
+    the fused Triton kernels of ``kernels.fused``: the residual add inside
+    RMSNorm, RoPE inside the KV-cache write (quantisation included), SiLU
+    inside the gate-up product. The torch path (the CPU's) takes the fusions
+    that cost nothing: one-op RMSNorm, the residual add inside ``addmm``, RoPE
+    written in place into the QKV output so K and V leave in one index_put.
+    """
 
     def __init__(
         self,
@@ -130,13 +167,17 @@ class DecoderModel:
         weights: dict[str, torch.Tensor],
         weights_dtype: str = "fp32",
         device: str = "cpu",
+        fused: bool | None = None,
     ) -> None:
         self.config = config
         self.weights_dtype = weights_dtype
+        self.act_dtype = activation_dtype(weights_dtype)
+        self.fused = torch.device(device).type == "cuda" if fused is None else fused
+        act = self.act_dtype
 
-        def take(name: str) -> torch.Tensor:
+        def take(name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
             try:
-                return weights[name].to(device=device, dtype=torch.float32).contiguous()
+                return weights[name].to(device=device, dtype=dtype).contiguous()
             except KeyError:
                 raise ModelLoadError(f"checkpoint lacks tensor {name}") from None
 
@@ -145,16 +186,20 @@ class DecoderModel:
             w = take(names[0]) if len(names) == 1 else torch.cat([take(n) for n in names])
             return Projection(w, weights_dtype, b)
 
-        self.embed = take("model.embed_tokens.weight")
+        # The lookup table in the activation dtype: a bf16 model's embeddings come out bf16.
+        self.embed = take("model.embed_tokens.weight", act)
         if self.embed.shape != (config.vocab_size, config.hidden_size):
             raise ModelLoadError(
                 f"embedding shape {tuple(self.embed.shape)} does not match the config "
                 f"({config.vocab_size}, {config.hidden_size})"
             )
-        self.norm = take("model.norm.weight")
-        self.lm_head = proj(
-            "model.embed_tokens.weight" if config.tie_embeddings else "lm_head.weight"
-        )
+        self.norm = take("model.norm.weight", act)
+        if config.tie_embeddings and weights_dtype in ("fp32", "bf16"):
+            self.lm_head = Projection(self.embed, weights_dtype)  # one tensor, not two
+        else:
+            self.lm_head = proj(
+                "model.embed_tokens.weight" if config.tie_embeddings else "lm_head.weight"
+            )
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
@@ -162,10 +207,10 @@ class DecoderModel:
             bias = tuple(p + f"self_attn.{n}_proj.bias" for n in "qkv") if config.qkv_bias else ()
             self.layers.append(
                 LayerWeights(
-                    attn_norm=take(p + "input_layernorm.weight"),
+                    attn_norm=take(p + "input_layernorm.weight", act),
                     qkv=proj(*qkv, bias=bias),
                     o_proj=proj(p + "self_attn.o_proj.weight"),
-                    mlp_norm=take(p + "post_attention_layernorm.weight"),
+                    mlp_norm=take(p + "post_attention_layernorm.weight", act),
                     gate_up=proj(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                     down=proj(p + "mlp.down_proj.weight"),
                 )
@@ -173,17 +218,28 @@ class DecoderModel:
         self.rope = RotaryTable(
             config.head_dim, config.rope_theta, config.max_position, torch.float32, device
         )
+        # The torch path's tables in the activation dtype (the fused kernels read fp32).
+        self._cos = self.rope.cos.to(act)
+        self._sin_signed = self.rope.sin_signed.to(act)
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights as stored (the fp32 embedding table for lookups included)."""
-        total = self.embed.numel() * 4 + self.norm.numel() * 4
-        if self.lm_head.weight is not self.embed:  # tied fp32 weights are one tensor
+        """Bytes of weights as stored (the embedding table for lookups included)."""
+        total = self.embed.numel() * self.embed.element_size()
+        total += self.norm.numel() * self.norm.element_size()
+        if self.lm_head.weight is not self.embed:  # tied weights are one tensor
             total += self.lm_head.nbytes
         for layer in self.layers:
-            total += (layer.attn_norm.numel() + layer.mlp_norm.numel()) * 4
+            total += layer.attn_norm.numel() * layer.attn_norm.element_size() * 2
             total += sum(p.nbytes for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
         return total
+
+    def q_dtype(self, kv_dtype: str) -> torch.dtype:
+        """Queries go to attention in the KV dtype when it is a float format (the kernels'
+        dots then take one operand type), else in the activation dtype."""
+        return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}.get(
+            kv_dtype, self.act_dtype
+        )
 
     @torch.inference_mode()
     def forward(
@@ -192,24 +248,88 @@ class DecoderModel:
         positions: torch.Tensor,
         attend: AttendFn,
         logits_rows: torch.Tensor,
+        kv: StepKV | None = None,
     ) -> torch.Tensor:
-        """Logits [len(logits_rows), vocab] for the chosen rows of a flat batch."""
+        """fp32 logits [len(logits_rows), vocab] for the chosen rows of a flat batch.
+
+        With ``kv`` the model writes each layer's rotated K and V into the cache
+        itself (fused with RoPE) and calls ``attend(layer, q, None, None)``;
+        without it ``attend`` gets the rotated K and V to write.
+        """
+        if self.fused:
+            return self._forward_fused(token_ids, positions, attend, logits_rows, kv)
         cfg = self.config
         hq, hkv, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
         eps = cfg.rms_norm_eps
         n = token_ids.shape[0]
-        cos, sin = self.rope.lookup(positions)
+        cos = self._cos[positions].unsqueeze(1)
+        sin = self._sin_signed[positions].unsqueeze(1)
+        q_dtype = self.q_dtype(kv.kv_dtype) if kv is not None else self.act_dtype
         x = F.embedding(token_ids, self.embed)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, eps)
             qkv = layer.qkv(h)
-            qk = apply_rotary(qkv[:, : (hq + hkv) * d].view(n, hq + hkv, d), cos, sin)
-            q, k = qk[:, :hq], qk[:, hq:]
-            v = qkv[:, (hq + hkv) * d :].view(n, hkv, d)
-            attn = attend(i, q, k, v)
-            x = x + layer.o_proj(attn.reshape(n, hq * d))
+            qk = qkv[:, : (hq + hkv) * d].view(n, hq + hkv, d)
+            rope_into(qk, qk, cos, sin)  # in place: K and V now sit side by side, rotated
+            q = qk[:, :hq]
+            if kv is None:
+                attn = attend(i, q, qk[:, hq:], qkv[:, (hq + hkv) * d :].view(n, hkv, d))
+            else:
+                kv.write_kv(i, qkv[:, hq * d :].view(n, 2, hkv, d))
+                attn = attend(i, q if q.dtype == q_dtype else q.to(q_dtype), None, None)
+            x = layer.o_proj.add(attn.reshape(n, hq * d).to(self.act_dtype), x)
             h = rms_norm(x, layer.mlp_norm, eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = layer.down.add(F.silu(gate) * up, x)
         x = rms_norm(x[logits_rows], self.norm, eps)
-        return self.lm_head(x)
+        return self.lm_head(x).float()
+
+    def _forward_fused(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: AttendFn,
+        logits_rows: torch.Tensor,
+        kv: StepKV | None,
+    ) -> torch.Tensor:
+        """The Triton path: about ten launches per layer (see bench/launch_count.py)."""
+        from kernels.triton_rmsnorm import add_rms_norm_triton
+        from kernels.triton_rope_kv import fused_write_supported, rope_kv_write_triton
+        from kernels.triton_silu import silu_mul_triton
+
+        cfg = self.config
+        hq, hkv, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+        eps = cfg.rms_norm_eps
+        n = token_ids.shape[0]
+        fused_write = kv is not None and fused_write_supported(kv.kv_dtype, d)
+        if not fused_write:
+            cos = self._cos[positions].unsqueeze(1)
+            sin = self._sin_signed[positions].unsqueeze(1)
+        residual = F.embedding(token_ids, self.embed)
+        h = add_rms_norm_triton(None, residual, self.layers[0].attn_norm, eps)
+        for i, layer in enumerate(self.layers):
+            qkv = layer.qkv(h)
+            if fused_write:
+                q = rope_kv_write_triton(
+                    qkv, positions, self.rope.cos, self.rope.sin, kv.slots, kv.pages(i),
+                    hq, hkv, d, self.q_dtype(kv.kv_dtype),
+                )  # fmt: skip
+                attn = attend(i, q, None, None)
+            else:
+                qk = qkv[:, : (hq + hkv) * d].view(n, hq + hkv, d)
+                rope_into(qk, qk, cos, sin)
+                if kv is None:
+                    attn = attend(
+                        i, qk[:, :hq], qk[:, hq:], qkv[:, (hq + hkv) * d :].view(n, hkv, d)
+                    )
+                else:
+                    kv.write_kv(i, qkv[:, hq * d :].view(n, 2, hkv, d))
+                    attn = attend(i, qk[:, :hq].to(self.q_dtype(kv.kv_dtype)), None, None)
+            o = layer.o_proj(attn.reshape(n, hq * d).to(self.act_dtype))
+            h = add_rms_norm_triton(o, residual, layer.mlp_norm, eps)
+            down = layer.down(silu_mul_triton(layer.gate_up(h)))
+            last = i + 1 == len(self.layers)
+            h = add_rms_norm_triton(
+                down, residual, self.norm if last else self.layers[i + 1].attn_norm, eps
+            )
+        return self.lm_head(h[logits_rows]).float()

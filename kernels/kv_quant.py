@@ -204,12 +204,15 @@ class KVPages:
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize ``k``, ``v`` ``[T, Hkv, D]`` into ``slots`` ``[T]`` (int)."""
         slots = slots.to(device=self.data.device, dtype=torch.long)
-        pages, offsets = slots // self.page_size, slots % self.page_size
-        for which, x in ((0, k), (1, v)):
-            payload, scales = quantize(x, self.kv_dtype)
-            self.data[pages, which, offsets] = payload
-            if self.scales is not None:
-                self.scales[pages, which, offsets] = scales
+        self.write_at(slots // self.page_size, slots % self.page_size, torch.stack((k, v), 1))
+
+    def write_at(self, pages: torch.Tensor, offsets: torch.Tensor, kv: torch.Tensor) -> None:
+        """Quantize ``kv`` ``[T, 2, Hkv, D]`` (K and V of each token) into ``(pages,
+        offsets)`` ``[T]`` (long): one index_put per tensor for K and V together."""
+        payload, scales = quantize(kv, self.kv_dtype)
+        self.data[pages, :, offsets] = payload
+        if self.scales is not None:
+            self.scales[pages, :, offsets] = scales
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The whole pool as ``[num_pages, 2, page_size, Hkv, D]`` of ``dtype``."""
