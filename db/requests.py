@@ -26,7 +26,6 @@ import numpy as np
 
 from db.miss_reasons import MissCounts, request_miss_reasons
 from db.page_states import StepPages
-from db.page_states import StepPages
 from db.source import NO_END, NO_START, Position, Source, connection, kinds_sql, run_origin
 from engine.errors import KvscopeError
 from engine.events import (
@@ -81,11 +80,6 @@ class RequestState:
     ttft_s: float | None
     tpot_s: float | None
     preemptions: int
-    # pages held (``pages``) split into private and shared, and those that would go
-    # back to the free list if it finished now (db/page_states.py)
-    private_pages: int = 0
-    shared_pages: int = 0
-    would_free: int = 0
     # pages held (``pages``) split into private and shared, and those that would go
     # back to the free list if it finished now (db/page_states.py)
     private_pages: int = 0
@@ -292,9 +286,6 @@ def requests_at(
                 ttft_s=r.ttft_s if _by(r.arrival_s, r.ttft_s, t_s) else None,
                 tpot_s=tpot,
                 preemptions=preemptions[r.request_id],
-                private_pages=holdings.get(r.request_id, (0, 0))[1],
-                shared_pages=holdings.get(r.request_id, (0, 0, 0))[2],
-                would_free=holdings.get(r.request_id, (0, 0, 0, 0))[3],
                 private_pages=holdings.get(r.request_id, (0, 0))[1],
                 shared_pages=holdings.get(r.request_id, (0, 0, 0))[2],
                 would_free=holdings.get(r.request_id, (0, 0, 0, 0))[3],
