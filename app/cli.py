@@ -21,6 +21,7 @@ COMMANDS = (
     "info",
     "calc",
     "simulate",
+    "replay",
     "runs",
     "tui",
     "dash",

@@ -163,6 +163,7 @@ class ReplayResult:
     pool_pages: int
     capacity_tokens: int | None
     wall_s: float
+    cpu_s: float  # this process's CPU time over the replay (a recorder's writer thread included)
     simulated_s: float
     ttft_mean_s: float | None = None
     ttft_p50_s: float | None = None
@@ -266,7 +267,7 @@ class ReplayDriver:
         self.page_map_every = max(
             1, (3 * len(entries) if self.sequential else 8 * len(entries)) // maps
         )
-        self._wall = 0.0
+        self._wall = self._cpu = 0.0
 
     # --- requests ----------------------------------------------------------------------
 
@@ -476,7 +477,7 @@ class ReplayDriver:
     ) -> ReplayResult:
         """Replay every request; ``progress(done, total)`` now and then, ``throttle()``
         every few steps (a recorder that needs the engine to wait for its writer)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         entries = self.trace.entries
         n = len(entries)
         every = max(1, n // 100)
@@ -510,6 +511,7 @@ class ReplayDriver:
         if progress is not None:
             progress(n, n)
         self._wall += time.perf_counter() - t0
+        self._cpu += time.process_time() - c0
         return self.result()
 
     def result(self) -> ReplayResult:
@@ -529,6 +531,7 @@ class ReplayDriver:
             pool_pages=self.num_pages,
             capacity_tokens=self.config.capacity_tokens,
             wall_s=self._wall,
+            cpu_s=self._cpu,
             simulated_s=self.now_s,
             ttft_mean_s=sum(self.ttfts) / len(self.ttfts) if self.ttfts and not self.sequential else None,
             ttft_p50_s=None if self.sequential else _quantile(self.ttfts, 0.5),

@@ -1,0 +1,519 @@
+"""``kvscope replay TRACE``: put real traffic through kvscope's own KV-cache manager.
+
+The question is how much KV cache a workload needs: the trace's requests go
+through the engine's scheduler, radix prefix cache, eviction policies and host
+tier with no model (engine/replay), at each capacity and policy asked for, and
+the answer comes back as a table, JSON or a plot of hit rate against capacity
+with the unlimited ceiling, plus the smallest capacity that reaches 90% of it
+in tokens and GiB and what that leaves for the batch on the device.
+
+With ``--db`` every point is recorded as a run of kind ``replay`` (config keys
+``capacity_tokens``, ``eviction_policy``, ``page_size``, ``kv_dtype``,
+``preset``, ``timing``, ``trace``, ``sweep_id``; hit and queried tokens in its
+summary, from the events), so the TUI, dashboard and reports show it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.db_argument import add_db_argument, db_path
+from app.engine_options import parse_size
+from app.output_format import format_table, human_bytes
+from app.sizing_args import positive, positive_int
+from engine.errors import KvscopeError
+from engine.events import EventBus
+from engine.eviction import POLICIES
+from engine.presets import DEVICES, MODELS, device_preset, model_preset
+from engine.replay.driver import TIMINGS, ReplayConfig, ReplayResult
+from engine.replay.sweep import default_workers, run_sweep, sweep_configs
+from engine.replay.traces import FORMATS, ReplayTrace, is_database, read_replay_trace
+from engine.sizing import GIB, KV_DTYPES, MemoryBudget, weight_bytes
+
+# Figure 9 of the Mooncake paper spans 10^4..10^8 tokens; 8 points over it.
+DEFAULT_CAPACITIES = "1e4,1e5,1e6,3e6,1e7,3e7,5e7,1e8"
+DEFAULT_POLICIES = "lru,lfu,fifo,belady"
+CEILING_SHARE = 0.9
+
+
+def _capacity(text: str) -> tuple[float, str]:
+    """One capacity: a token count (1e6, 3M, 250000) or a size (40GiB): (value, unit)."""
+    t = text.strip()
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)", t, flags=re.IGNORECASE)
+    if not m:
+        raise KvscopeError(f"invalid capacity {text!r} (examples: 1e6, 3M, 40GiB)")
+    value, unit = float(m.group(1)), m.group(2).lower()
+    if unit in ("", "k", "m"):
+        value *= {"": 1, "k": 1e3, "m": 1e6}[unit]
+        if value < 1:
+            raise KvscopeError(f"capacity must be > 0 tokens, got {text!r}")
+        return value, "tokens"
+    try:
+        size = parse_size(t)
+    except argparse.ArgumentTypeError as exc:
+        raise KvscopeError(str(exc)) from None
+    if size <= 0:
+        raise KvscopeError(f"capacity must be > 0, got {text!r}")
+    return float(size), "bytes"
+
+
+def _list(text: str) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise KvscopeError("an empty list")
+    return items
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "replay",
+        help="replay a production trace through kvscope's KV-cache manager: hit rate vs capacity",
+        description=(
+            "Replay a request trace (Mooncake, Qwen-Bailian, kvscope JSONL, or a kvscope "
+            "database's run) through the engine's own scheduler, radix prefix cache, eviction "
+            "and host tier, with no model, at each capacity and eviction policy given."
+        ),
+    )
+    parser.add_argument("trace", metavar="TRACE", help="JSONL trace, or a kvscope database")
+    t = parser.add_argument_group("trace")
+    t.add_argument("--format", choices=(*FORMATS, "db"), help="default: detected")
+    t.add_argument(
+        "--block-size", type=positive_int, help="tokens per hash id (default 512, bailian 16)"
+    )
+    t.add_argument(
+        "--run", type=positive_int, help="with a database: the run to replay (default: newest)"
+    )
+    t.add_argument("--limit", type=positive_int, help="replay only the first N requests")
+    c = parser.add_argument_group("cache")
+    c.add_argument(
+        "--capacity",
+        "--kv-budget",
+        dest="capacity",
+        default=DEFAULT_CAPACITIES,
+        help=f"comma list of capacities in tokens (1e6, 3M) or sizes (40GiB) (default {DEFAULT_CAPACITIES})",
+    )
+    c.add_argument(
+        "--eviction-policy",
+        default=DEFAULT_POLICIES,
+        help=f"comma list of {', '.join(POLICIES)} (default {DEFAULT_POLICIES})",
+    )
+    c.add_argument("--page-size", default=None, help="comma list (default: the trace's block size)")
+    c.add_argument("--kv-dtype", default="fp16", choices=list(KV_DTYPES))
+    c.add_argument(
+        "--preset",
+        default="llama3-8b",
+        help=f"model for bytes per token and roofline: {', '.join(MODELS)}",
+    )
+    c.add_argument("--offload", choices=("never", "always", "auto"), default="never")
+    c.add_argument("--host-budget", type=parse_size, default=0, help="host tier size (e.g. 64GiB)")
+    c.add_argument("--preemption", choices=("recompute", "swap"), default="recompute")
+    c.add_argument(
+        "--cache-outputs", action="store_true", help="also cache pages holding output tokens"
+    )
+    tm = parser.add_argument_group("time")
+    tm.add_argument("--timing", choices=TIMINGS, default="sequential")
+    tm.add_argument("--device", default="h100-80", help=f"roofline device: {', '.join(DEVICES)}")
+    tm.add_argument(
+        "--speed", type=positive, default=1.0, help="roofline: divide arrival times by X"
+    )
+    tm.add_argument("--max-batched-tokens", type=positive_int, default=8192)
+    tm.add_argument("--max-num-seqs", type=positive_int, default=256)
+    o = parser.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print one JSON object")
+    o.add_argument("--plot", metavar="FILE", help="hit rate vs capacity to FILE.html or FILE.png")
+    o.add_argument("--workers", type=positive_int, help=f"processes (default {default_workers()})")
+    o.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_db_argument(
+        parser, positional=False, opt_in=True,
+        help="also record each point as a run of kind 'replay' in this kvscope database",
+    )  # fmt: skip
+    parser.set_defaults(handler=run)
+
+
+# --- inputs ---------------------------------------------------------------------------
+
+
+def load_trace(args: argparse.Namespace) -> ReplayTrace:
+    path = Path(args.trace)
+    if not path.exists():
+        raise KvscopeError(f"no such trace: {path}")
+    if args.format == "db" or (args.format is None and is_database(path)):
+        from app.replay_db import trace_from_run
+
+        trace = trace_from_run(path, args.run)
+    else:
+        encode = None
+        if args.format in (None, "kvscope"):
+            encode = _lazy_encoder()
+        trace = read_replay_trace(path, args.format, args.block_size, encode)
+    if args.limit:
+        trace = trace.head(args.limit)
+    return trace
+
+
+def _lazy_encoder() -> Callable[[str], list[int]]:
+    """SmolLM2's tokenizer, loaded on the first text prompt (token-id traces need none)."""
+    state: dict[str, Any] = {}
+
+    def encode(text: str) -> list[int]:
+        if "codec" not in state:
+            from engine.loader import load_model
+
+            state["codec"] = load_model(None).codec
+        return state["codec"].encode(text)
+
+    return encode
+
+
+def capacities(args: argparse.Namespace, bytes_per_token: float) -> list[int]:
+    out = []
+    for item in _list(args.capacity):
+        value, unit = _capacity(item)
+        tokens = int(value // bytes_per_token) if unit == "bytes" else int(value)
+        if tokens < 1:
+            raise KvscopeError(f"capacity {item} holds no token of {bytes_per_token:.0f} bytes")
+        out.append(tokens)
+    return sorted(set(out))
+
+
+def configs(args: argparse.Namespace, trace: ReplayTrace) -> tuple[list[ReplayConfig], list[int]]:
+    policies = _list(args.eviction_policy)
+    for p in policies:
+        if p not in POLICIES:
+            raise KvscopeError(f"unknown eviction policy {p!r}; choose from {', '.join(POLICIES)}")
+    if args.page_size is None:
+        page_sizes = [trace.block_size or 16]
+    else:
+        try:
+            page_sizes = sorted({int(p) for p in _list(args.page_size)})
+        except ValueError:
+            raise KvscopeError(f"--page-size takes integers, got {args.page_size!r}") from None
+        if min(page_sizes) < 1:
+            raise KvscopeError("page size must be >= 1")
+    model_preset(args.preset)
+    if args.timing == "roofline":
+        device_preset(args.device)
+    base = ReplayConfig(
+        page_size=page_sizes[0],
+        timing=args.timing,
+        offload=args.offload,
+        host_tokens=0,
+        preemption=args.preemption,
+        max_batched_tokens=args.max_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        model=args.preset,
+        kv_dtype=args.kv_dtype,
+        device=args.device,
+        speed=args.speed,
+        cache_outputs=args.cache_outputs,
+    )
+    bpt = base.bytes_per_token
+    base.host_tokens = int(args.host_budget // bpt)
+    if (args.offload != "never" or args.preemption == "swap") and base.host_tokens < 1:
+        raise KvscopeError("--offload and --preemption swap need a --host-budget (e.g. 64GiB)")
+    caps = capacities(args, bpt)
+    points = sweep_configs(base, caps, policies, page_sizes)
+    # The ceiling: unlimited capacity (no eviction, so one policy stands for all).
+    points += sweep_configs(base, [None], [policies[0]], page_sizes)
+    return points, caps
+
+
+# --- recording ---------------------------------------------------------------------------
+
+
+class RecordSession:
+    """Each point becomes a run of kind ``replay`` (one Recorder per point, in its worker)."""
+
+    def __init__(self, db: Path, trace: ReplayTrace, sweep_id: str) -> None:
+        self.db, self.trace, self.sweep_id = db, trace, sweep_id
+
+    def run_config(self, config: ReplayConfig) -> dict[str, Any]:
+        return {
+            "capacity_tokens": config.capacity_tokens,
+            "eviction_policy": config.eviction_policy,
+            "page_size": config.page_size,
+            "kv_dtype": config.kv_dtype,
+            "preset": config.model,
+            "timing": config.timing,
+            "trace": self.trace.name,
+            "sweep_id": self.sweep_id,
+            "trace_format": self.trace.format,
+            "block_size": self.trace.block_size,
+            "requests": len(self.trace),
+            "device": config.device if config.timing == "roofline" else None,
+            "speed": config.speed if config.timing == "roofline" else None,
+            "offload": config.offload,
+            "host_tokens": config.host_tokens,
+            "preemption": config.preemption,
+            "cache_outputs": config.cache_outputs,
+        }
+
+    def open(
+        self, config: ReplayConfig
+    ) -> tuple[EventBus, Callable[[ReplayResult | None, str], Any]]:
+        from profiler.recorder import Recorder
+
+        recorder = Recorder(self.db, self.run_config(config), model=config.model, kind="replay")
+        recorder.start()
+        bus = EventBus()
+        on_event = recorder.on_event
+
+        def throttled(event: Any) -> None:
+            # A replay emits faster than SQLite takes rows: wait for the writer rather
+            # than let the recorder's bounded queue drop events.
+            if len(recorder._queue) > 150_000:
+                while len(recorder._queue) > 20_000:
+                    time.sleep(0.005)
+            on_event(event)
+
+        bus.subscribe(throttled)
+
+        def close(result: ReplayResult | None, status: str) -> int:
+            recorder.finish(status)
+            return recorder.run_id
+
+        return bus, close
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+def _tokens_text(n: int | None) -> str:
+    if n is None:
+        return "unlimited"
+    return f"{n:.0e}".replace("e+0", "e") if n >= 10_000 and float(f"{n:.0e}") == n else f"{n:,}"
+
+
+def answer(
+    rows: list[dict[str, Any]],
+    ceiling: float,
+    config: ReplayConfig,
+    trace: ReplayTrace,
+    policy: str,
+) -> dict[str, Any]:
+    """The smallest swept capacity reaching 90% of the ceiling, in tokens and GiB, and what
+    that leaves for the batch on the device (``kvscope calc`` terms)."""
+    bpt = config.bytes_per_token
+    target = CEILING_SHARE * ceiling
+    ok = [r for r in rows if r["policy"] == policy and r["capacity_tokens"] is not None
+          and r["hit_rate"] >= target]  # fmt: skip
+    out: dict[str, Any] = {"policy": policy, "ceiling": ceiling, "target": target}
+    if not ok or ceiling <= 0:
+        out["capacity_tokens"] = None
+        return out
+    cap = min(r["capacity_tokens"] for r in ok)
+    cache_bytes = cap * bpt
+    device = device_preset(config.device)
+    model = model_preset(config.model)
+    budget = MemoryBudget(device.memory_gib * GIB, weight_bytes(model.num_params, "bf16"))
+    left = budget.kv_bytes - cache_bytes
+    mean_tokens = sum(e.input_len + e.output_len for e in trace.entries) / max(1, len(trace))
+    out.update(
+        capacity_tokens=cap,
+        capacity_bytes=cache_bytes,
+        device=device.name,
+        device_kv_bytes=budget.kv_bytes,
+        left_for_batch_bytes=left,
+        mean_request_tokens=mean_tokens,
+        batch_at_mean=max(0, math.floor(left / (bpt * mean_tokens))) if left > 0 else 0,
+        devices_for_cache=math.ceil(cache_bytes / budget.kv_bytes) if budget.kv_bytes > 0 else None,
+    )
+    return out
+
+
+def answer_text(a: dict[str, Any], config: ReplayConfig) -> str:
+    ceiling = a["ceiling"]
+    if a.get("capacity_tokens") is None:
+        return (
+            f"No capacity swept reaches {CEILING_SHARE:.0%} of the {ceiling:.1%} ceiling "
+            f"({a['policy']}); try larger capacities."
+        )
+    cap, nbytes = a["capacity_tokens"], a["capacity_bytes"]
+    head = (
+        f"With {a['policy']}, {cap:,} tokens of prefix cache ({human_bytes(nbytes)} of "
+        f"{config.model} KV in {config.kv_dtype}) reach {CEILING_SHARE:.0%} of the "
+        f"{ceiling:.1%} ceiling (the smallest capacity swept that does)."
+    )
+    left = a["left_for_batch_bytes"]
+    if left > 0:
+        tail = (
+            f" On one {a['device']} ({human_bytes(a['device_kv_bytes'])} for KV after bf16 "
+            f"weights and overhead) that leaves {human_bytes(left)}: a batch of "
+            f"{a['batch_at_mean']} requests of the trace's mean {a['mean_request_tokens']:,.0f} tokens."
+        )
+    else:
+        tail = (
+            f" That is more than one {a['device']} holds for KV ({human_bytes(a['device_kv_bytes'])}): "
+            f"the cache alone needs {a['devices_for_cache']} devices' KV memory."
+        )
+    return head + tail
+
+
+def figure(rows: list[dict[str, Any]], ceilings: dict[int, float]) -> Any:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for policy, ps in sorted({(r["policy"], r["page_size"]) for r in rows if r["capacity_tokens"]}):
+        pts = sorted(
+            (r["capacity_tokens"], r["hit_rate"]) for r in rows
+            if r["policy"] == policy and r["page_size"] == ps and r["capacity_tokens"]
+        )  # fmt: skip
+        name = policy if len(ceilings) == 1 else f"{policy} (page {ps})"
+        fig.add_trace(
+            go.Scatter(
+                x=[p[0] for p in pts], y=[100 * p[1] for p in pts], mode="lines+markers", name=name
+            )
+        )
+    for ps, ceiling in ceilings.items():
+        label = "unlimited" if len(ceilings) == 1 else f"unlimited (page {ps})"
+        fig.add_hline(y=100 * ceiling, line_dash="dot", annotation_text=f"{label}: {ceiling:.1%}")
+    fig.update_layout(
+        template="plotly_white",
+        xaxis={"type": "log", "title": "cache capacity (tokens)"},
+        yaxis={"title": "prompt tokens hit (%)", "rangemode": "tozero"},
+        title="Prefix-cache hit rate against capacity",
+    )
+    return fig
+
+
+class Progress:
+    """One stderr line per finished point, with an ETA from the points' mean time."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet, self.t0 = total, quiet, time.perf_counter()
+
+    def __call__(self, done: int, total: int, config: ReplayConfig, result: ReplayResult) -> None:
+        if self.quiet:
+            return
+        elapsed = time.perf_counter() - self.t0
+        eta = elapsed / done * (total - done)
+        print(
+            f"kvscope replay: [{done}/{total}] {config.eviction_policy} "
+            f"{_tokens_text(config.capacity_tokens)} page {config.page_size}: "
+            f"{result.hit_rate:.1%} hit ({result.wall_s:.1f} s)"
+            + (f", ETA {eta:.0f} s" if done < total else f", all in {elapsed:.1f} s"),
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    trace = load_trace(args)
+    short, long = trace.inconsistent
+    if (short or long) and not args.quiet:
+        print(
+            f"kvscope replay: warning: {short + long} of {len(trace)} requests have hash ids "
+            f"inconsistent with input_length ({short} too few: their uncovered blocks count "
+            f"as new content; {long} too many: the extra ids are ignored)",
+            file=sys.stderr,
+        )
+    points, caps = configs(args, trace)
+    session = None
+    if args.db is not None:
+        # Everything above may refuse the input: only now does anything touch the database.
+        from db.store import open_db
+
+        path = db_path(args)
+        open_db(path).conn.close()  # a bad path fails here, once, not in every worker
+        session = RecordSession(path, trace, uuid.uuid4().hex[:12])
+    t0 = time.perf_counter()
+    progress = Progress(len(points), args.quiet or len(points) == 1)
+    results = run_sweep(trace, points, args.workers, session, progress)
+    elapsed = time.perf_counter() - t0
+    rows = []
+    for config, (result, run_id) in zip(points, results, strict=True):
+        rows.append(
+            {
+                "capacity_tokens": config.capacity_tokens,
+                "capacity_bytes": None if config.capacity_tokens is None
+                else config.capacity_tokens * config.bytes_per_token,
+                "policy": config.eviction_policy,
+                "page_size": config.page_size,
+                "hit_rate": result.hit_rate,
+                "run_id": run_id,
+                **{k: v for k, v in result.summary().items() if k not in ("hit_rate", "extra")},
+            }
+        )  # fmt: skip
+    ceilings = {r["page_size"]: r["hit_rate"] for r in rows if r["capacity_tokens"] is None}
+    first = points[0]
+    answers = [
+        answer([r for r in rows if r["page_size"] == ps], c, first, trace, first.eviction_policy)
+        for ps, c in ceilings.items()
+    ]
+    if args.plot:
+        from app.commands.simulate import write_plot
+
+        write_plot(figure(rows, ceilings), args.plot)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "trace": trace.name,
+                    "format": trace.format,
+                    "requests": len(trace),
+                    "input_tokens": trace.input_tokens,
+                    "block_size": trace.block_size,
+                    "timing": args.timing,
+                    "preset": args.preset,
+                    "kv_dtype": args.kv_dtype,
+                    "bytes_per_token": first.bytes_per_token,
+                    "inconsistent_hash_ids": {"too_few": short, "too_many": long},
+                    "elapsed_s": elapsed,
+                    "points": rows,
+                    "ceilings": {str(k): v for k, v in ceilings.items()},
+                    "answers": answers,
+                },
+                indent=2,
+            )
+        )
+        return 0
+    print(table(rows, args.timing == "roofline"))
+    for a in answers:
+        print()
+        print(answer_text(a, first))
+    if session is not None:
+        ids = [r["run_id"] for r in rows]
+        print(f"\nrecorded runs {min(ids)}..{max(ids)} (sweep {session.sweep_id}) in {session.db}")
+    return 0
+
+
+def table(rows: list[dict[str, Any]], roofline: bool) -> str:
+    policies = sorted({r["policy"] for r in rows if r["capacity_tokens"]}, key=list(POLICIES).index)
+    page_sizes = sorted({r["page_size"] for r in rows})
+    header = [
+        "capacity",
+        "KV size",
+        *(p if len(page_sizes) == 1 else f"{p}/{ps}" for ps in page_sizes for p in policies),
+    ]
+    if roofline:
+        header += ["TTFT p50", "TTFT p99", "preempt"]
+    caps = sorted({r["capacity_tokens"] for r in rows if r["capacity_tokens"]}) + [None]
+    by = {(r["capacity_tokens"], r["policy"], r["page_size"]): r for r in rows}
+    out = []
+    for cap in caps:
+        some = next(r for r in rows if r["capacity_tokens"] == cap)
+        line = [_tokens_text(cap), "" if cap is None else human_bytes(some["capacity_bytes"])]
+        for ps in page_sizes:
+            for p in policies:
+                r = by.get((cap, p, ps)) or (
+                    by.get((None, rows[-1]["policy"], ps)) if cap is None else None
+                )
+                line.append("" if r is None else f"{r['hit_rate']:.1%}")
+        if roofline:
+            r = by.get((cap, policies[0], page_sizes[0])) or some
+            line += [_secs(r["ttft_p50_s"]), _secs(r["ttft_p99_s"]), str(r["preemptions"])]
+        out.append(line)
+    return format_table(out, header)
+
+
+def _secs(s: float | None) -> str:
+    return "" if s is None else f"{s:.3g} s"
