@@ -258,6 +258,17 @@ class RadixCache(PrefixCache):
             keys, len(tokens), len(hit_pages), parent, tail, now_ns(), self.step
         )
 
+    def peek(self, tokens: list[int]) -> int:
+        """The tokens ``match`` would hit now (offloaded pages count: they reload), with
+        no reference taken and no access recorded: a router asks every replica."""
+        node, hit = self.root, 0
+        for key in self._blocks(tokens, len(tokens) - 1):
+            node = node.children.get(key)
+            if node is None:
+                break
+            hit += 1
+        return hit * self.page_size
+
     def release(self, pages: list[int]) -> None:
         self.pool.decref(pages)
         refcount, by_page = self.pool.refcount, self._by_page
@@ -402,6 +413,10 @@ class RadixCache(PrefixCache):
 
     def device_pages_held(self) -> np.ndarray:
         return np.fromiter(self._by_page, dtype=np.int64, count=len(self._by_page))
+
+    def device_chains(self) -> set[int]:
+        """The chain hash of every device page the cache holds: what two caches share."""
+        return {node.chain for node in self._by_page.values()}
 
     def take_evicted(self) -> np.ndarray:
         pages = np.fromiter(self._evicted, dtype=np.int64, count=len(self._evicted))

@@ -10,7 +10,12 @@ What does a KV-aware router buy over round-robin? Each replica is a whole
   is outstanding, so this balances the tokens routed), then the lowest index;
 - ``prefix-aware``: the replica whose cache holds the longest prefix of the
   request (``RadixCache.peek``: no reference taken, no access recorded), ties
-  to the least loaded.
+  to the least loaded; among the replicas not overloaded only: a replica
+  that was given more than ``balance`` (1.25) times the prompt tokens of the
+  least given one, plus this request's, is passed over. Without that guard a
+  prefix every request shares (a system prompt: block 0 of nearly every
+  Mooncake request) sends the whole trace to the first replica that cached
+  it, as SGLang's cache-aware router's balance thresholds also prevent.
 
 The result gives the hit rate over all replicas and each replica's, and the
 blocks held on more than one replica (the watch page's duplication view):
@@ -38,6 +43,7 @@ from engine.replay.tokens import PageTokens
 from engine.replay.traces import ReplayTrace
 
 ROUTINGS = ("round-robin", "least-loaded", "prefix-aware")
+BALANCE = 1.25  # prefix-aware passes over replicas given more than this x the least given
 
 
 @dataclass(slots=True)
@@ -111,10 +117,11 @@ class RoutingResult:
 class Router:
     """Chooses a replica for each request; ``routed[i]`` is the prompt tokens sent to i."""
 
-    def __init__(self, routing: str, drivers: list[ReplayDriver]) -> None:
+    def __init__(self, routing: str, drivers: list[ReplayDriver], balance: float = BALANCE) -> None:
         if routing not in ROUTINGS:
             raise KvscopeError(f"routing must be one of {', '.join(ROUTINGS)}")
         self.routing = routing
+        self.balance = balance
         self.drivers = drivers
         self.routed = [0] * len(drivers)
         self._next = 0
@@ -133,8 +140,10 @@ class Router:
         elif self.routing == "least-loaded":
             choice = min(range(n), key=self._load)
         else:
-            cached = [d.cache.peek(tokens) for d in self.drivers]
-            choice = min(range(n), key=lambda i: (-cached[i], *self._load(i)))
+            most = self.balance * min(self.routed) + len(tokens)
+            fair = [i for i in range(n) if self.routed[i] <= most]
+            cached = {i: self.drivers[i].cache.peek(tokens) for i in fair}
+            choice = min(fair, key=lambda i: (-cached[i], *self._load(i)))
         self.routed[choice] += len(tokens)
         return choice
 
