@@ -7,8 +7,9 @@
    happening, and must give transformers' greedy tokens exactly; bf16
    weights report teacher-forced top-1 agreement with the fp32 reference.
 2. Throughput, same process: Llama-3-8B shape, dummy bf16 weights, prompt 512,
-   64 new tokens, single stream and batches of 32 and 128, kvscope vs
-   transformers ``generate``; model bandwidth utilisation of kvscope's decode
+   64 new tokens, single stream and batches of 32 and 128, kvscope vs two
+   transformers ``generate`` baselines (eager with its DynamicCache; a static
+   cache with the forward under ``torch.compile``, reduce-overhead); model bandwidth utilisation of kvscope's decode
    steps (weight + KV bytes read per step / step time / the device-to-device
    copy bandwidth measured here), prefill TFLOP/s against the device's peak,
    the unified memory budget as measured next to ``kvscope calc``'s
@@ -54,7 +55,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from engine.device import preset_for_device, synchronize  # noqa: E402
+from engine.device import preset_match, synchronize  # noqa: E402
 from engine.dummy import byte_codec, dummy_shell  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.engine_config import EngineConfig  # noqa: E402
@@ -368,21 +369,41 @@ def recording_ratio(
     return on / off
 
 
-def hf_throughput(model, prompts: list[list[int]], new: int, device: str) -> float:
+def hf_throughput(
+    model, prompts: list[list[int]], new: int, device: str, static: bool = False
+) -> float:
+    """transformers ``generate`` tok/s: eager with its DynamicCache, or (``static``) with a
+    static KV cache and the forward compiled; a warm-up on the same shapes first."""
     ids = torch.tensor(prompts, device=device)
-    with torch.inference_mode():
-        model.generate(ids[:, :8], max_new_tokens=2, min_new_tokens=2, do_sample=False)
-        synchronize(device)
-        t0 = time.perf_counter()
-        out = model.generate(
+    kwargs = {"cache_implementation": "static"} if static else {}
+
+    def generate():
+        return model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=new,
             min_new_tokens=new,
             do_sample=False,
+            **kwargs,
         )
+
+    with torch.inference_mode():
+        generate()  # warm-up: the same shapes (compiles, for the static cache)
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = generate()
         synchronize(device)
     return (out.shape[1] - ids.shape[1]) * len(prompts) / (time.perf_counter() - t0)
+
+
+def compiled(model, device: str):
+    """``model`` with its forward under ``torch.compile`` (CUDA graphs via reduce-overhead on
+    a GPU; the CPU smoke run uses the eager backend: no C compiler, and nothing to time)."""
+    if device.startswith("cuda"):
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    else:
+        model.forward = torch.compile(model.forward, backend="eager")
+    return model
 
 
 def throughput(report: Report, device: str, smoke: bool, out: Path) -> dict:
@@ -390,8 +411,9 @@ def throughput(report: Report, device: str, smoke: bool, out: Path) -> dict:
     prompt_len, new = (32, 8) if smoke else (512, 64)
     batches = (1, 4, 8) if smoke else (1, 32, 128)
     bandwidth = copy_bandwidth(device, (64 << 20) if smoke else (2 << 30))
-    peak = preset_for_device(device)
+    peak, fallback_note = preset_match(device)
     report.add("throughput", "device copy bandwidth (read + write)", bandwidth / 1e9, "GB/s")
+    report.add("throughput", "device preset (peaks)", peak.name, fallback_note or "")
     engine_config = EngineConfig(
         model=f"preset:{config.name}",
         load_format="dummy",
@@ -432,7 +454,9 @@ def throughput(report: Report, device: str, smoke: bool, out: Path) -> dict:
     rows = {}
     for batch in batches:
         prompts = random_prompts(batch, prompt_len, config.vocab_size, seed=batch)
-        kvscope_throughput(engine, prompts[:1], 2)  # warm-up: allocator, Triton compiles
+        # Warm-up on the full prompt set: every chunk and decode shape of the timed run
+        # (each prefill q_class and decode bucket) compiles and tunes here, not in it.
+        kvscope_throughput(engine, prompts, 4)
         got = kvscope_throughput(engine, prompts, new)
         step = got["decode_step_s"]
         kv_read = got["decode_batch"] * (prompt_len + new / 2) * engine.storage.bytes_per_token
@@ -460,14 +484,21 @@ def throughput(report: Report, device: str, smoke: bool, out: Path) -> dict:
 
     torch.manual_seed(0)
     model = hf_model(config, torch.bfloat16, device)
-    for batch in batches:
-        prompts = random_prompts(batch, prompt_len, config.vocab_size, seed=batch)
-        hf = hf_throughput(model, prompts, new, device)
-        rows[batch]["transformers_tok_s"] = hf
-        report.add("throughput", f"transformers generate tok/s, batch {batch}", hf)
-        report.add(
-            "throughput", f"kvscope / transformers, batch {batch}", rows[batch]["tok_s"] / hf, "x"
-        )
+    for label, static in (("eager", False), ("static+compile", True)):
+        if static:
+            model = compiled(model, device)
+        for batch in batches:
+            prompts = random_prompts(batch, prompt_len, config.vocab_size, seed=batch)
+            hf = hf_throughput(model, prompts, new, device, static=static)
+            key = "transformers_tok_s" if not static else "transformers_static_compile_tok_s"
+            rows[batch][key] = hf
+            report.add("throughput", f"transformers {label} tok/s, batch {batch}", hf)
+            report.add(
+                "throughput",
+                f"kvscope / transformers {label}, batch {batch}",
+                rows[batch]["tok_s"] / hf,
+                "x",
+            )
     del model
     free_memory(device)
     bound = bandwidth / step_weights  # tokens/s if a step only read the weights, at copy speed

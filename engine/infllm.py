@@ -368,7 +368,7 @@ class InfLLMMemory:
         host = self.kv.host
         if host.num_free < bp:
             raise KvscopeError("infllm: the host tier is full; raise --host-budget")
-        mem.host_slots.append([host.store(p)[0] for p in pages])
+        mem.host_slots.append(host.store_many(pages)[0])  # one copy per run of slots
         for i in range(first, first + bp):
             req.pages[i] = OFFLOADED
         self.kv.pool.decref(pages)
@@ -397,8 +397,11 @@ class InfLLMMemory:
     def _select(self, layer: int, mem: RequestMemory, q: torch.Tensor, end: int) -> list[int]:
         """The top-k distant blocks for the queries ``q`` (positions ``end - len(q) .. end - 1``)."""
         if self.repr == "exact":  # every key as attention sees it, at its true position
-            slots = torch.tensor([s for block in mem.host_slots for s in block])
-            keys = self.kv.host.tensors[0][layer, slots, 0]  # [blocks x bp, ps, Hkv, D]
+            flat = [s for block in mem.host_slots for s in block]
+            self.kv.host.wait_host(flat)  # the offload copies run asynchronously on CUDA
+            keys = self.kv.host.tensors[0][
+                torch.tensor(flat), layer, 0
+            ]  # [blocks x bp, ps, Hkv, D]
             keys = keys.to(q.device).view(mem.num_blocks, -1, *keys.shape[-2:]).float()
             scores = self._mass_scores(keys, q.float())
         else:
@@ -443,12 +446,10 @@ class InfLLMMemory:
         slot = cache.lookup(block)
         if slot is None:
             slot = cache.place(block, len(mem.cache_pages) // bp, keep)
-            host = self.kv.host
-            for page, host_slot in zip(
-                mem.cache_pages[slot * bp : (slot + 1) * bp], mem.host_slots[block], strict=True
-            ):
-                for h, d in zip(host.tensors, host.device_tensors, strict=True):
-                    d[layer, page].copy_(h[layer, host_slot])
+            # Asynchronous on CUDA: the compute stream waits for it before this layer attends.
+            self.kv.host.read(
+                mem.host_slots[block], mem.cache_pages[slot * bp : (slot + 1) * bp], layer
+            )
             tally.reloaded += 1
         else:
             tally.hits += 1

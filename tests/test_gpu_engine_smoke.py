@@ -34,6 +34,8 @@ def test_gpu_engine_smoke_writes_its_figures_and_a_recorded_run(tmp_path):
     batches = figures["throughput"]["batches"]
     assert set(batches) == {"1", "4", "8"}
     assert all(b["tok_s"] > 0 and b["transformers_tok_s"] > 0 for b in batches.values())
+    assert all(b["transformers_static_compile_tok_s"] > 0 for b in batches.values())
+    assert "| throughput   | transformers static+compile tok/s, batch 1" in proc.stdout
     # A ratio of two timings on a busy CPU: only that it was measured, not its size.
     assert batches["4"]["recording_on_over_off"] > 0
     budget = figures["throughput"]["memory_budget"]

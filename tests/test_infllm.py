@@ -111,17 +111,17 @@ def test_retrieval_picks_the_block_aligned_with_the_query(loaded, repr_kind):
 def test_exact_retrieval_reads_every_key_from_the_host_tier(loaded):
     eng = engine(loaded, **INFLLM, infllm_topk_blocks=1, infllm_repr="exact")
     memory = eng.runner.infllm
-    host = eng.kv.host.tensors[0]  # [L, slots, 2, page, Hkv, D]
+    host = eng.kv.host.tensors[0]  # slot-major: [slots, L, 2, page, Hkv, D]
     g = torch.Generator().manual_seed(0)
     query = torch.randn(host.shape[-2], host.shape[-1], generator=g)
     mem = RequestMemory()
     for block in range(6):
         slots = [2 * block, 2 * block + 1]
-        host[:, slots] = torch.randn(host[:, slots].shape, generator=g) * 0.1
+        host[slots] = torch.randn(host[slots].shape, generator=g) * 0.1
         mem.host_slots.append(slots)
-        mem.add_summary(torch.zeros(host.shape[0], 2, *host.shape[-2:]))  # centroids: unused
-    host[1, 9, 0, 3] = 3 * query  # one key of block 4 (its second page), layer 1
-    host[0, 2, 0, 1] = 3 * query  # and one of block 1, layer 0
+        mem.add_summary(torch.zeros(host.shape[1], 2, *host.shape[-2:]))  # centroids: unused
+    host[9, 1, 0, 3] = 3 * query  # one key of block 4 (its second page), layer 1
+    host[2, 0, 0, 1] = 3 * query  # and one of block 1, layer 0
     q = query.repeat_interleave(2, dim=0)[None]
     assert memory._select(1, mem, q, 500) == [4]
     assert memory._select(0, mem, q, 500) == [1]
@@ -144,13 +144,14 @@ def test_offloaded_pages_live_in_the_host_tier(loaded):
         for block, slot in cache.lru.items():
             pages = mem.cache_pages[slot * 2 : slot * 2 + 2]
             for page, host_slot in zip(pages, mem.host_slots[block], strict=True):
-                assert torch.equal(eng.storage.data[layer, page], host[layer, host_slot])
+                assert torch.equal(eng.storage.data[layer, page], host[host_slot, layer])
     eng.kv.check_integrity()
 
 
 def unrotated_host_keys(eng, memory, mem, block):
     """Block ``block``'s keys from the host tier, rope undone: [L, T, Hkv, D]."""
-    keys = eng.kv.host.tensors[0][:, mem.host_slots[block], 0].flatten(1, 2).float()
+    keys = eng.kv.host.tensors[0][mem.host_slots[block], :, 0].transpose(0, 1).flatten(1, 2)
+    keys = keys.float()
     first = (memory.initial_pages + block * memory.block_pages) * PAGE
     cos, sin = memory.rope.lookup(torch.arange(first, first + keys.shape[1]))
     return apply_rotary(keys, cos, -sin)
