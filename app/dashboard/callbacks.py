@@ -25,6 +25,7 @@ from app.dashboard import figures, layout, long_context_page, sizing_page, table
 from db import queries
 from db.infllm import retrievals
 from db.memory_budget import measured_budget
+from db.pages import page_state_matrix
 from db.queries import (
     RunInfo,
     compare_runs,
@@ -278,10 +279,16 @@ def register(app: Dash, db_path: Path) -> None:
     )
     def kv_cache(version: dict | None, run_id: int | None) -> tuple:
         run_id = _run(run_id)
-        matrix = cached(page_maps, run_id, version, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
+        states = cached(page_state_matrix, run_id, version, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
+        if states is not None:  # exact page states at every column (db/page_states.py)
+            heatmap = figures.page_state_heatmap(states)
+        else:  # a recording without page holds: its snapshots
+            heatmap = figures.page_heatmap(
+                cached(page_maps, run_id, version, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
+            )
         points = cached(step_series, run_id, version, MAX_POINTS)
         return (
-            _live(figures.page_heatmap(matrix), run_id),
+            _live(heatmap, run_id),
             _live(figures.usage_figure(points), run_id),
             _live(figures.fragmentation_figure(points), run_id),
         )
@@ -410,20 +417,36 @@ def register(app: Dash, db_path: Path) -> None:
 
     @app.callback(
         Output("requests-detail", "figure"),
+        Output("requests-pages", "figure"),
         Input("requests-table", "selected_row_ids"),
         Input("version", "data"),
         Input("run", "value"),
     )
-    def request_detail(selected: list | None, _: dict | None, run_id: int | None) -> Any:
+    def request_detail(selected: list | None, version: dict | None, run_id: int | None) -> Any:
         run_id = _run(run_id)
-        if not selected:
-            return figures.request_figure(None)
+        request_id = int(selected[0]) if selected else None
+        # Every page the selected request holds lights up, shared ones included.
+        states = cached(
+            page_state_matrix, run_id, version, MAX_SNAPSHOTS, MAX_PAGE_ROWS, None, None, request_id
+        )
+        pages = (
+            figures.page_state_heatmap(states, request_id)
+            if states is not None
+            else figures.page_heatmap(
+                cached(page_maps, run_id, version, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
+            )
+        )
+        if request_id is None:
+            return figures.request_figure(None), _live(pages, (run_id, None))
         try:
             with queries.reader(db_path) as db:
-                trace = queries.request_trace(db, run_id, int(selected[0]))
+                trace = queries.request_trace(db, run_id, request_id)
         except KvscopeError:
             trace = None  # a row of another run, chosen before the run changed
-        return _live(figures.request_figure(trace), (run_id, selected[0]))
+        return (
+            _live(figures.request_figure(trace), (run_id, selected[0])),
+            _live(pages, (run_id, request_id)),
+        )
 
     @app.callback(
         Output("compare-runs", "options"),

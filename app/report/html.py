@@ -21,6 +21,7 @@ from app.dashboard import figures, watch_page
 from app.dashboard.server import ASSETS
 from db import queries
 from db.memory_budget import measured_budget
+from db.pages import page_state_matrix
 from db.queries import (
     gpu_series,
     kernel_stats,
@@ -36,6 +37,15 @@ MAX_SNAPSHOTS = 300
 MAX_PAGE_ROWS = 256
 
 
+def _page_figure(db: Database, run_id: int) -> go.Figure:
+    """Exact page states at every column (db/page_states.py), or for a recording
+    without page holds its snapshots."""
+    states = page_state_matrix(db, run_id, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
+    if states is not None:
+        return figures.page_state_heatmap(states)
+    return figures.page_heatmap(page_maps(db, run_id, MAX_SNAPSHOTS, MAX_PAGE_ROWS))
+
+
 def report_figures(db: Database, run_id: int) -> list[tuple[go.Figure, bool]]:
     """(figure, spans both columns) in page order; the GPU chart only with samples."""
     info = run_info(db, run_id)
@@ -44,7 +54,7 @@ def report_figures(db: Database, run_id: int) -> list[tuple[go.Figure, bool]]:
     gpu = gpu_series(db, run_id, MAX_POINTS)
     charts = [
         (figures.throughput_figure(points), True),
-        (figures.page_heatmap(page_maps(db, run_id, MAX_SNAPSHOTS, MAX_PAGE_ROWS)), True),
+        (_page_figure(db, run_id), True),
         (figures.usage_figure(points), False),
         (figures.fragmentation_figure(points), False),
         (figures.hit_rate_figure(points), False),
