@@ -18,7 +18,17 @@ from operator import itemgetter
 
 import numpy as np
 
-from db.page_states import PAGE_OFFLOADED, StepPages, step_pages_from
+from db.page_states import (
+    NUM_STATES,
+    PAGE_OFFLOADED,
+    StepPages,
+    cell_any,
+    cell_holder,
+    cell_holders,
+    cell_mix,
+    cell_states,
+    step_pages_from,
+)
 from db.source import Position, Source, connection, kinds_sql, run_origin, window
 from engine.events import (
     PAGE_CACHED,
@@ -496,3 +506,83 @@ def step_pages(source: Source, run_id: int, step: int) -> StepPages | None:
         request_pages[rid] = pages
     evicted = {int(page): action for page, action in evictions}
     return step_pages_from(step, num_pages, request_pages, tree, evicted)
+
+
+@dataclass(frozen=True, slots=True)
+class PageStateMatrix:
+    """Page states over time for a heatmap: ``state[page_row, column]`` at ``steps``.
+
+    Every column is an exact ``step_pages`` (any step, not only snapshot steps);
+    a row aggregates ``page_stride`` consecutive pages (its dominant state,
+    db/page_states.py), ``mix`` says how many pages of each state it holds.
+    """
+
+    steps: list[int]
+    t_s: list[float]
+    state: np.ndarray  # int8 STATE_* (rows, columns)
+    holder: np.ndarray  # int32: the highest holder id in the cell, -1 if none
+    holders: np.ndarray  # int32: the most holders any page of the cell has
+    mix: np.ndarray  # int32 (rows, columns, NUM_STATES)
+    page_stride: int
+    selected: np.ndarray | None  # bool: the selected request holds a page of the cell
+
+
+def page_state_matrix(
+    source: Source,
+    run_id: int,
+    max_steps: int = 200,
+    max_pages: int | None = None,
+    since_s: float | None = None,
+    until_s: float | None = None,
+    request_id: int | None = None,
+) -> PageStateMatrix | None:
+    """Exact page states at up to ``max_steps`` steps evenly spread over the window;
+    None for a run without page holds (``page_maps`` then)."""
+    with connection(source) as conn:
+        if (
+            not has_page_events(conn, run_id)
+            or conn.execute(
+                "SELECT 1 FROM page_maps WHERE run_id = ? AND holds IS NULL LIMIT 1", (run_id,)
+            ).fetchone()
+        ):
+            return None
+        start_ns = run_origin(conn, run_id)
+        lo, hi = window(start_ns, since_s, until_s)
+        index = conn.execute(
+            "SELECT step, ts_ns FROM steps WHERE run_id = ? AND ts_ns BETWEEN ? AND ? ORDER BY step",
+            (run_id, lo, hi),
+        ).fetchall()
+        if len(index) > max_steps:
+            picks = np.unique(np.linspace(0, len(index) - 1, max_steps).round().astype(int))
+            index = [index[i] for i in picks]
+        columns = [step_pages(conn, run_id, step) for step, _ in index]
+    columns = [c for c in columns if c is not None]
+    num_pages = max((c.num_pages for c in columns), default=0)
+    stride = max(1, -(-num_pages // max_pages)) if max_pages else 1
+    rows = -(-num_pages // stride) if num_pages else 0
+    shape = (rows, len(columns))
+    state = np.zeros(shape, np.int8)
+    holder = np.full(shape, -1, np.int32)
+    holders = np.zeros(shape, np.int32)
+    mix = np.zeros((*shape, NUM_STATES), np.int32)
+    selected = np.zeros(shape, bool) if request_id is not None else None
+    for j, c in enumerate(columns):
+        n = -(-c.num_pages // stride)
+        state[:n, j] = cell_states(c.state, stride)
+        holder[:n, j] = cell_holder(c.holder, stride)
+        holders[:n, j] = cell_holders(c.holders, stride)
+        mix[:n, j] = cell_mix(c.state, stride)
+        if selected is not None:
+            mask = np.zeros(c.num_pages, bool)
+            mask[c.request_pages.get(request_id, np.zeros(0, np.int64))] = True
+            selected[:n, j] = cell_any(mask, stride)
+    return PageStateMatrix(
+        steps=[c.step for c in columns],
+        t_s=[(ts - start_ns) / 1e9 for (step, ts) in index],
+        state=state,
+        holder=holder,
+        holders=holders,
+        mix=mix,
+        page_stride=stride,
+        selected=selected,
+    )

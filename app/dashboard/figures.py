@@ -18,6 +18,8 @@ from plotly.subplots import make_subplots
 from db.events import EventCounts
 from db.kernels import DevicePeaks, TransferCost
 from db.memory_budget import MeasuredBudget
+from db.page_states import STATE_PRIVATE, STATE_SHARED, STATES
+from db.pages import PageStateMatrix
 from db.queries import GpuPoint, KernelStat, PageMatrix, RunSummary, StepPoint
 from db.requests import RequestTrace
 from db.series import CachedSources
@@ -345,6 +347,89 @@ def page_heatmap(matrix: PageMatrix) -> go.Figure:
     if matrix.page_stride > 1:
         fig.update_layout(
             title_text=f"Page occupancy ({matrix.page_stride} pages per row, shown as most of them are)"
+        )
+    return fig
+
+
+# Colours of db/page_states.py's states; shared pages in ambers by holder count
+# (2, 3-4, 5-8, 9+), private pages in their request's green shade.
+STATE_COLORS = {
+    "free": "#f1f5f9",
+    "cached": "#60a5fa",
+    "offloaded": "#a855f7",
+    "evicted": "#ef4444",
+}
+SHARED_SHADES = ("#fcd34d", "#f59e0b", "#d97706", "#92400e")
+
+
+def _fade(color: str) -> str:
+    """``color`` pushed 75% towards white: cells the selected request does not hold."""
+    r, g, b = (int(color[i : i + 2], 16) for i in (1, 3, 5))
+    return "#" + "".join(f"{round(c + (255 - c) * 0.75):02x}" for c in (r, g, b))
+
+
+def page_state_heatmap(matrix: PageStateMatrix, request_id: int | None = None) -> go.Figure:
+    """Pages x steps in db/page_states.py's states, every step exact; hover gives the
+    state, its holders and (with several pages per row) the row's mix; with
+    ``request_id`` (``matrix.selected``) every page it holds stands out, shared ones too."""
+    title = "Page states" if request_id is None else f"Pages of request {request_id}"
+    fig = _figure(title, "page", "step", height=460)
+    if not matrix.steps:
+        return _empty(fig, "no steps recorded yet")
+    colors = [*STATE_COLORS.values(), *SHARED_SHADES, *REQUEST_SHADES]
+    k = len(colors)
+    state, holders = matrix.state, matrix.holders
+    shade = np.select([holders <= 2, holders <= 4, holders <= 8], [0, 1, 2], 3)
+    codes = np.where(state < STATE_PRIVATE, state, 0)
+    codes = np.where(state == STATE_SHARED, 4 + shade, codes)
+    codes = np.where(state == STATE_PRIVATE, 8 + matrix.holder % len(REQUEST_SHADES), codes)
+    if matrix.selected is not None:
+        codes = np.where(matrix.selected, codes, codes + k)
+        colors = colors + [_fade(c) for c in colors]
+    n = len(colors)
+    scale = [pair for i, c in enumerate(colors) for pair in ((i / n, c), ((i + 1) / n, c))]
+    names = np.array(STATES, dtype=object)[state]
+    held = np.where(
+        state == STATE_SHARED,
+        "shared by " + holders.astype(str) + " (request " + matrix.holder.astype(str) + "…)",
+        np.where(state == STATE_PRIVATE, "request " + matrix.holder.astype(str), names),
+    )
+    if matrix.page_stride > 1:
+        mix = matrix.mix
+        text = np.full(state.shape, "<br>pages:", dtype=object)
+        for i, name in enumerate(STATES):
+            text = text + np.where(mix[..., i] > 0, f" {name} " + mix[..., i].astype(str), "")
+        held = held.astype(object) + text
+    fig.add_trace(
+        go.Heatmap(
+            z=codes.astype(np.int8),
+            x=matrix.steps,
+            y=(np.arange(state.shape[0]) * matrix.page_stride).tolist(),
+            customdata=held,
+            colorscale=scale,
+            zmin=-0.5,
+            zmax=n - 0.5,
+            showscale=False,
+            hovertemplate="step %{x}<br>page %{y}<br>%{customdata}<extra></extra>",
+        )
+    )
+    keys = [*STATE_COLORS.items(), ("shared (darker: more holders)", SHARED_SHADES[2])]
+    for name, color in (*keys, ("private (shade per request)", REQUEST_SHADES[0])):
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=name,
+                marker={"symbol": "square", "size": 12, "color": color},
+            )
+        )
+    fig.update_layout(hovermode="closest", plot_bgcolor="#f1f5f9")
+    fig.update_yaxes(autorange="reversed", showgrid=False)
+    fig.update_xaxes(showgrid=False)
+    if matrix.page_stride > 1:
+        fig.update_layout(
+            title_text=f"{title} ({matrix.page_stride} pages per row, shown as most of them are)"
         )
     return fig
 

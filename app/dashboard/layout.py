@@ -256,6 +256,7 @@ def _requests() -> list:
             ],
         ),
         _graph("requests-detail", wide=True),
+        _graph("requests-pages", wide=True),  # the selected request's pages, shared ones too
     ]
 
 

@@ -1,0 +1,90 @@
+"""The front ends show db/page_states.py's truth: a request's pages include its shared
+ones (requests table, legend), selecting it lights all of them (TUI grid, dashboard
+heatmap), and a shared page says how many requests hold it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_page_truth import _record, _shared_prefix
+from test_scheduler import tiny_engine
+
+from app.dashboard.figures import page_state_heatmap
+from app.tui.data import RunReader
+from app.tui.legend import legend_text
+from app.tui.page_grid import PageGrid, plan_grid
+from db.page_states import STATE_SHARED
+from db.pages import page_state_matrix
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory) -> tuple:
+    path = tmp_path_factory.mktemp("views") / "r.db"
+    run_id, probe, _ = _record(path, lambda bus: tiny_engine(64, bus=bus), _shared_prefix(10))
+    # the step with the most shared pages, and a request holding some of them
+    step = max(probe.truth, key=lambda s: np.count_nonzero(probe.truth[s].state == STATE_SHARED))
+    truth = probe.truth[step]
+    rid = max(truth.request_pages, key=lambda r: truth.request_holdings(r).shared)
+    return path, run_id, probe, step, rid
+
+
+def _view_at(path, run_id, step):
+    reader = RunReader(path)
+    assert reader.ready()
+    steps = reader.steps(run_id)
+    view = reader.view(run_id, steps.t_s[steps.index_of_step(step)])
+    reader.close()
+    return view
+
+
+def test_requests_count_their_shared_pages(shared_run) -> None:
+    path, run_id, probe, step, rid = shared_run
+    view = _view_at(path, run_id, step)
+    truth = probe.truth[step]
+    for r in view.requests:
+        h = truth.request_holdings(r.request_id)
+        assert (r.pages, r.private_pages, r.shared_pages, r.would_free) == (
+            h.held,
+            h.private,
+            h.shared,
+            h.would_free,
+        ), r.request_id
+    r = next(r for r in view.requests if r.request_id == rid)
+    assert r.shared_pages > 0 and r.pages == r.private_pages + r.shared_pages
+    legend = str(legend_text(view, 1, rid))
+    assert f"request {rid} selected: {r.pages} pages ({r.private_pages} private, " in legend
+    assert f"shared {truth.counts().shared}" in legend
+
+
+def test_the_tui_grid_lights_every_page_of_the_selected_request(shared_run) -> None:
+    path, run_id, probe, step, rid = shared_run
+    view = _view_at(path, run_id, step)
+    grid = PageGrid()
+    grid.states, grid.owners = view.page_states, view.pages
+    layout = plan_grid(len(view.pages), 60, 20)
+    assert layout.per_cell == 1 and layout.glyph
+    plain = grid._render_states(layout)
+    # a shared cell shows its holder count
+    most = int(view.page_states.holders.max())
+    assert most >= 2 and str(most) in plain.plain
+    grid.selected = rid
+    lit = grid._render_states(layout)
+    # faded cells differ from the unselected drawing; the request's own cells do not
+    spans = {s.start: str(s.style) for s in plain.spans}
+    lit_spans = {s.start: str(s.style) for s in lit.spans}
+    changed = sum(spans[k] != lit_spans.get(k) for k in spans)
+    held = len(view.page_states.request_pages[rid])
+    assert changed >= 1 and len(spans) - changed - (layout.rows) >= held
+
+
+def test_the_dashboard_heatmap_lights_every_page_of_the_selected_request(shared_run) -> None:
+    path, run_id, probe, step, rid = shared_run
+    matrix = page_state_matrix(path, run_id, max_steps=10_000, request_id=rid)
+    assert matrix is not None and matrix.page_stride == 1
+    j = matrix.steps.index(step)
+    expected = np.zeros(matrix.state.shape[0], bool)
+    expected[probe.truth[step].request_pages[rid]] = True
+    assert np.array_equal(matrix.selected[:, j], expected)
+    assert np.array_equal(matrix.state[:, j], probe.truth[step].state)
+    fig = page_state_heatmap(matrix, rid)
+    assert "shared by" in " ".join(map(str, np.asarray(fig.data[0].customdata).ravel()))
