@@ -65,6 +65,7 @@ import torch
 
 from engine.errors import KvscopeError
 from engine.events import InfLLMRetrieval, PagesAllocated, PagesFreed, now_ns
+from engine.kv_manager import OFFLOADED
 from engine.model import RotaryTable, apply_rotary
 from kernels.metadata import AttentionMetadata
 
@@ -73,8 +74,6 @@ if TYPE_CHECKING:
     from engine.kv_manager import KVCacheManager
     from engine.kv_storage import KVStorage
     from engine.request import Request
-
-OFFLOADED = -1  # a request's logical page whose data lives in the host tier
 
 
 @dataclass(slots=True)

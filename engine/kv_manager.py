@@ -8,6 +8,8 @@ replay page occupancy exactly. Token data itself lives in ``KVStorage``.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from engine.events import (
@@ -24,11 +26,24 @@ from engine.events import (
     now_ns,
 )
 from engine.host_tier import HostTier
-from engine.infllm import OFFLOADED, InfLLMMemory
 from engine.miss_reasons import MissSplit
 from engine.page_pool import PagePool
 from engine.prefix_cache import PrefixCache
 from engine.request import Request
+
+OFFLOADED = -1  # a request's logical page whose data lives in the host tier (InfLLM)
+
+
+class OffloadingMemory(Protocol):
+    """What the manager needs from a memory that moves some of a request's pages off the
+    device and keeps device pages of its own (InfLLM's retrieved blocks): the narrow
+    interface, as the eviction policies have, so the manager knows none of its internals."""
+
+    def drop(self, req: Request) -> list[int]: ...
+
+    def cache_pages(self, req: Request) -> list[int]: ...
+
+    def host_slots(self) -> set[int]: ...
 
 
 class KVCacheManager:
@@ -41,7 +56,7 @@ class KVCacheManager:
         self.prefix: PrefixCache | None = None
         self.host: HostTier | None = None
         self.swapped: dict[int, Request] = {}
-        self.infllm: InfLLMMemory | None = None  # set by the engine in infllm attention mode
+        self.infllm: OffloadingMemory | None = None  # set by the engine in infllm attention mode
         # Prefix-cache accounting in tokens, counted once per admission (hit rate = hit / queried).
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0

@@ -63,3 +63,13 @@ def test_one_layer_is_read_without_freeing_the_slots():
     assert pool[0][0].abs().sum() == 0 and pool[0][2].abs().sum() == 0  # other layers untouched
     host.wait_host(slots)  # nothing in flight on the CPU
     assert host.num_used == 2
+
+
+def test_the_kv_manager_does_not_import_infllm():
+    """InfLLM reaches the manager through a narrow interface; the import goes one way."""
+    import subprocess
+    import sys
+
+    code = "import sys, engine.kv_manager; print('engine.infllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
