@@ -184,7 +184,8 @@ class RadixCache(PrefixCache):
         for node in self._evictable:
             if node.queued is None:
                 node.queued, node.stamp = self._policy.priority(node), next(self._stamps)
-        self._heap = [(n.queued, n.stamp, n) for n in self._evictable]
+        # In place: ``evict`` holds the list while an eviction's refresh may rebuild it.
+        self._heap[:] = [(n.queued, n.stamp, n) for n in self._evictable]
         heapq.heapify(self._heap)
         self.work.heap += len(self._heap)
 
