@@ -1,0 +1,178 @@
+"""``kvscope replay``: bad input, recording, interruption, a recorded run as a trace."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from app.commands.replay import RecordSession
+from engine.replay import ReplayConfig, read_replay_trace
+from engine.replay.sweep import run_sweep
+
+SLICE = Path(__file__).parent / "data" / "mooncake_conversation_head400.jsonl"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error(err: str, *fragments: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kvscope: error: "), err
+    assert "Traceback" not in err
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def head(tmp_path: Path, n: int, name: str = "t.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join(SLICE.read_text().splitlines()[:n]) + "\n")
+    return path
+
+
+def test_malformed_line_names_its_number_and_writes_nothing(capsys, tmp_path):
+    path = head(tmp_path, 5)
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2][:-7]  # cut the JSON short
+    path.write_text("\n".join(lines))
+    db = tmp_path / "r.db"
+    code, _, err = run_cli(capsys, "replay", str(path), "--db", str(db))
+    assert code == 2
+    one_error(err, f"{path}:3", "not valid JSON")
+    assert not db.exists()  # a replay that never started leaves no database behind
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "fragments"),
+    [
+        ("", (), ("no requests",)),
+        ('{"foo": 1}\n', (), ("unknown trace format", ":1")),
+        (None, ("--capacity", "0"), ("capacity must be > 0",)),
+        (None, ("--eviction-policy", "lru,mru"), ("unknown eviction policy 'mru'",)),
+        (None, ("--format", "nope"), ("invalid choice",)),
+        ('{"timestamp": 0, "input_length": -4, "output_length": 1, "hash_ids": [1]}', (),
+         ("input_length must be an integer >= 1", ":1")),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, content, args, fragments):
+    path = head(tmp_path, 5) if content is None else tmp_path / "t.jsonl"
+    if content is not None:
+        path.write_text(content)
+    code, _, err = run_cli(capsys, "replay", str(path), *args, "--db", str(tmp_path / "r.db"))
+    assert code == 2
+    one_error(err, *fragments)
+    assert not (tmp_path / "r.db").exists()
+
+
+def test_inconsistent_hash_ids_are_counted_and_warned(capsys, tmp_path):
+    rows = [json.loads(x) for x in SLICE.read_text().splitlines()[:20]]
+    rows[3]["hash_ids"] = rows[3]["hash_ids"][:-2]  # too few
+    rows[7]["hash_ids"] = rows[7]["hash_ids"] + [999_999_999]  # too many
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    code, out, err = run_cli(
+        capsys, "replay", str(path), "--capacity", "1e5", "--eviction-policy", "lru", "--json"
+    )
+    assert code == 0
+    assert "2 of 20 requests have hash ids inconsistent" in err
+    assert "1 too few" in err and "1 too many" in err
+    assert json.loads(out)["inconsistent_hash_ids"] == {"too_few": 1, "too_many": 1}
+
+
+def test_sweep_is_recorded_as_replay_runs_with_the_capacity_keys(capsys, tmp_path):
+    db = tmp_path / "r.db"
+    code, out, err = run_cli(
+        capsys, "replay", str(SLICE), "--limit", "80", "--capacity", "2e5,1e6",
+        "--eviction-policy", "lru,belady", "--db", str(db), "--json", "--workers", "2",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    assert len(report["points"]) == 5  # 2 x 2 + the unlimited ceiling
+    conn = sqlite3.connect(db)
+    runs = conn.execute("SELECT id, kind, status, config FROM runs").fetchall()
+    assert (
+        len(runs) == 5
+        and {r[1] for r in runs} == {"replay"}
+        and {r[2] for r in runs} == {"complete"}
+    )
+    configs = {r[0]: json.loads(r[3]) for r in runs}
+    keys = {
+        "capacity_tokens",
+        "eviction_policy",
+        "page_size",
+        "kv_dtype",
+        "preset",
+        "timing",
+        "trace",
+        "sweep_id",
+    }
+    assert all(keys <= set(c) for c in configs.values())
+    assert len({c["sweep_id"] for c in configs.values()}) == 1
+    # the stored summary's hit/queried tokens come from the events and match the replay's own
+    for point in report["points"]:
+        run_id = point["run_id"]
+        hits = conn.execute(
+            "SELECT SUM(json_extract(payload, '$.hit_tokens')), SUM(json_extract(payload, '$.queried_tokens')) "
+            "FROM events WHERE run_id = ? AND kind = 'prefix_lookup'",
+            (run_id,),
+        ).fetchone()
+        assert hits == (point["hit_tokens"], point["queried_tokens"])
+        assert configs[run_id]["capacity_tokens"] == point["capacity_tokens"]
+        assert configs[run_id]["eviction_policy"] == point["policy"]
+    steps = conn.execute("SELECT COUNT(*) FROM steps WHERE run_id = ?", (runs[0][0],)).fetchone()[0]
+    assert steps >= 80
+
+
+def test_an_interrupted_replay_is_marked_interrupted(tmp_path):
+    trace = read_replay_trace(SLICE).head(60)
+    db = tmp_path / "r.db"
+
+    class Stopping(RecordSession):
+        def open(self, config):
+            bus, close = super().open(config)
+            seen = [0]
+
+            def stop(event):
+                seen[0] += 1
+                if seen[0] == 500:
+                    raise KeyboardInterrupt
+
+            bus.subscribe(stop)
+            return bus, close
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(trace, [ReplayConfig(capacity_tokens=100_000)], 1, Stopping(db, trace, "x"))
+    status = sqlite3.connect(db).execute("SELECT status FROM runs").fetchall()
+    assert status == [("interrupted",)]
+
+
+def test_a_recorded_run_replays_with_the_same_sharing(capsys, tmp_path):
+    db = tmp_path / "r.db"
+    args = (
+        "--limit",
+        "120",
+        "--capacity",
+        "1e6",
+        "--eviction-policy",
+        "lru",
+        "--json",
+        "--workers",
+        "1",
+    )
+    code, out, _ = run_cli(capsys, "replay", str(SLICE), *args, "--db", str(db))
+    assert code == 0
+    first = json.loads(out)
+    unlimited = [p for p in first["points"] if p["capacity_tokens"] is None][0]
+    code, out, err = run_cli(capsys, "replay", str(db), "--run", str(unlimited["run_id"]), *args)
+    assert code == 0, err
+    again = json.loads(out)
+    assert again["format"] == "db" and again["requests"] == 120
+    # content ids rebuilt from the page events share exactly what the trace's hash ids shared
+    ceiling = [p for p in again["points"] if p["capacity_tokens"] is None][0]
+    assert ceiling["hit_tokens"] == unlimited["hit_tokens"]
