@@ -1,0 +1,50 @@
+"""The CUDA decode path's kernel launches per layer, counted on the CPU (bench/launch_count.py):
+a regression that adds a launch to every layer fails here."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import launch_count  # noqa: E402
+
+from engine.presets import model_preset  # noqa: E402
+
+# The fused path: add+RMSNorm x2, QKV, RoPE+KV write, decode split + merge, O,
+# gate-up, SiLU*mul, down. Llama-3-8B's layer shape at a tiny width (counts don't
+# depend on widths, only on head_dim being one the fused write handles).
+FUSED_PER_LAYER = 10
+
+
+def per_layer(path: str, kv_dtype: str) -> tuple[int, dict]:
+    base = dataclasses.replace(
+        model_preset("llama3-8b"), hidden_size=256, intermediate_size=512, num_q_heads=4,
+        num_kv_heads=2, head_dim=64, vocab_size=128,
+    )  # fmt: skip
+    one, two = (
+        launch_count.count_step(
+            dataclasses.replace(base, num_layers=n), "bf16", kv_dtype, path=path
+        )
+        for n in (1, 2)
+    )
+    diff = two.copy()
+    diff.subtract(one)
+    return sum(diff.values()), {k: v for k, v in diff.items() if v}
+
+
+def test_cuda_decode_path_launches_ten_kernels_per_layer() -> None:
+    for kv_dtype in ("bf16", "int8"):
+        count, ops = per_layer("cuda", kv_dtype)
+        assert count == FUSED_PER_LAYER, (kv_dtype, ops)
+        assert ops["triton:_rope_kv_kernel"] == 1 and ops["linear"] == 4
+
+
+def test_cpu_torch_path_keeps_its_fusions() -> None:
+    # one-op RMSNorm x2, QKV, RoPE (roll, mul, mul, add), one index_put for K and V,
+    # gather + SDPA, addmm for O and down (residual inside), gate-up, silu, mul.
+    count, ops = per_layer("cpu", "bf16")
+    assert count == 16, ops
+    assert ops["index_put_"] == 1 and ops.get("to", 0) == 0, ops
