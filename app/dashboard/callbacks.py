@@ -51,7 +51,7 @@ LATEST_EVENTS = 200
 
 
 def run_label(info: RunInfo) -> str:
-    name = Path(info.model).name if info.model else None
+    name = info.subject  # the model, or a simulation's allocator
     model = f" · {name}" if name and name != info.kind else ""
     return f"#{info.run_id} {info.kind}{model} · {info.status}"
 

@@ -166,7 +166,7 @@ def build_html(db: Database, run_id: int) -> str:
         html.escape(str(part))
         for part in (
             info.kind,
-            info.model or "no model",
+            info.subject or "no model",
             info.status,
             f"started {started:%Y-%m-%d %H:%M:%S} UTC",
             f"{info.steps:,} steps",
