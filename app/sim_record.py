@@ -3,13 +3,17 @@
 Each allocator becomes a run of kind ``simulation`` whose steps are the
 simulator's timeline expressed as step summaries (one "page" = one token slot
 for the non-paged allocators), so the TUI, the dashboard and ``kvscope
-runs``/``report`` show a simulation beside real engine runs.
+runs``/``report`` show a simulation beside real engine runs. The last step
+also gets a page map (who holds which page then, from the allocator's layout),
+so a finished simulation shows its last map; steps before it have none.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from engine.alloc_sim.replay import SimResult
-from engine.events import StepSummary
+from engine.events import PAGE_FREE, PageMap, StepSummary, encode_holds
 from profiler.recorder import Recorder
 
 
@@ -40,6 +44,31 @@ def record_simulation(
                     page_size=unit, tokens_held=held, host_pages_used=0, duration_s=step_s,
                 )
             )  # fmt: skip
+        if t.held:
+            recorder.on_event(
+                last_page_map(
+                    result, unit, recorder.start_ns + int((len(t.held) - 1) * step_s * 1e9)
+                )
+            )
         recorder.finish("complete")
         run_ids.append(recorder.run_id)
     return run_ids
+
+
+def last_page_map(result: SimResult, unit: int, ts_ns: int) -> PageMap:
+    """The allocator's layout at the last step as a page map: one page per ``unit``
+    slots, each held by the request whose block covers it (no prefix tree)."""
+    num_pages = result.capacity_slots // unit
+    owners = np.full(num_pages, PAGE_FREE, dtype=np.int32)
+    holds: dict[int, list[int]] = {}
+    for rid, start, length in result.timeline.last_extents:
+        pages = list(range(start // unit, -(-(start + length) // unit)))
+        owners[pages] = rid
+        holds.setdefault(rid, []).extend(pages)
+    return PageMap(
+        ts_ns,
+        len(result.timeline.held) - 1,
+        owners,
+        holds=encode_holds(holds),
+        tree=np.zeros(0, np.int32),
+    )

@@ -445,6 +445,16 @@ def has_page_events(conn: sqlite3.Connection, run_id: int) -> bool:
     )
 
 
+def _records_holds(conn: sqlite3.Connection, run_id: int) -> bool:
+    return (
+        conn.execute(
+            "SELECT 1 FROM events WHERE run_id = ? AND kind = ? LIMIT 1",
+            (run_id, PagesAllocated.kind),
+        ).fetchone()
+        is not None
+    )
+
+
 def step_pages(source: Source, run_id: int, step: int) -> StepPages | None:
     """Every page's state at the end of ``step``, exactly (see db/page_states.py).
 
@@ -455,6 +465,8 @@ def step_pages(source: Source, run_id: int, step: int) -> StepPages | None:
         if not has_page_events(conn, run_id):
             return None
         start, num_pages, holds, tree = _checkpoint(conn, run_id, step)
+        if start != step and not _records_holds(conn, run_id):
+            return None  # maps without page events (a simulation): exact at their steps only
         if (
             start < 0
             and conn.execute(
@@ -555,8 +567,9 @@ def page_state_matrix(
         if len(index) > max_steps:
             picks = np.unique(np.linspace(0, len(index) - 1, max_steps).round().astype(int))
             index = [index[i] for i in picks]
-        columns = [step_pages(conn, run_id, step) for step, _ in index]
-    columns = [c for c in columns if c is not None]
+        kept = [(step_pages(conn, run_id, step), ts) for step, ts in index]
+    kept = [(c, ts) for c, ts in kept if c is not None]
+    columns = [c for c, _ in kept]
     num_pages = max((c.num_pages for c in columns), default=0)
     stride = max(1, -(-num_pages // max_pages)) if max_pages else 1
     rows = -(-num_pages // stride) if num_pages else 0
@@ -578,7 +591,7 @@ def page_state_matrix(
             selected[:n, j] = cell_any(mask, stride)
     return PageStateMatrix(
         steps=[c.step for c in columns],
-        t_s=[(ts - start_ns) / 1e9 for (step, ts) in index],
+        t_s=[(ts - start_ns) / 1e9 for _, ts in kept],
         state=state,
         holder=holder,
         holders=holders,

@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 from db import formulas
@@ -44,6 +45,16 @@ class RunInfo:
     config: dict[str, Any]
     hardware: dict[str, Any]
     versions: dict[str, Any]
+
+    @property
+    def subject(self) -> str | None:
+        """What ran, for run lists and pickers: the model's file name, or a
+        simulation's allocator."""
+        if self.model:
+            return PurePath(self.model).name
+        if self.kind == "simulation" and self.config.get("allocator"):
+            return f"{self.config['allocator']} allocator"
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +114,9 @@ def _run_info(row: Sequence[Any]) -> RunInfo:
     (run_id, kind, model, status, heartbeat, pid, host, started_at, ended_at) = row[:9]
     (events_written, dropped, config, hardware, versions, requests, steps) = row[9:]
     end = ended_at if ended_at is not None else (heartbeat or started_at)
+    config = json.loads(config or "{}")
+    if kind == "simulation" and not requests:  # simulated requests have no request rows
+        requests = int(config.get("requests", 0))
     return RunInfo(
         run_id=run_id,
         kind=kind,
@@ -114,7 +128,7 @@ def _run_info(row: Sequence[Any]) -> RunInfo:
         steps=steps,
         events_written=events_written or 0,
         dropped_events=dropped or 0,
-        config=json.loads(config or "{}"),
+        config=config,
         hardware=json.loads(hardware or "{}"),
         versions=json.loads(versions or "{}"),
     )
@@ -283,7 +297,24 @@ def run_summary(source: Source, run_id: int) -> RunSummary:
             (run_id,),
         ).fetchone()
         totals.peak_page_usage = formulas.page_usage(*peak) if peak else None
+        if info.kind == "simulation":
+            _simulation_totals(conn, run_id, info, totals)
     return formulas.summarize(run_id, info.status, totals)
+
+
+def _simulation_totals(conn: Any, run_id: int, info: RunInfo, totals: RunTotals) -> None:
+    """A ``kvscope simulate`` run has no request events: its requests and preemptions
+    are the figures simulate printed (kept in its config by app/sim_record.py), and
+    its output tokens the tokens its steps decoded (one per running request a step,
+    the throughput line)."""
+    config = info.config
+    requests = int(config.get("requests", 0))
+    totals.requests = totals.requests_finished = requests
+    totals.preemptions = int(config.get("preemptions", 0))
+    decoded = conn.execute(
+        "SELECT SUM(decode_tokens) FROM steps WHERE run_id = ?", (run_id,)
+    ).fetchone()[0]
+    totals.output_tokens = int(decoded or 0)
 
 
 def compare_runs(source: Source, run_ids: Sequence[int]) -> Comparison:

@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import json
 import time
-from pathlib import PurePath
 
 from app.db_argument import add_db_argument, db_path
 from db.queries import list_runs
@@ -52,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         (
             str(r.run_id),
             r.kind,
-            PurePath(r.model).name if r.model else "-",
+            r.subject or "-",
             r.status,
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at)),
             f"{r.duration_s:.1f} s",

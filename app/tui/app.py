@@ -368,8 +368,8 @@ class KvscopeApp(App[None]):
             run = view.run
             text.append(f" run {run.run_id} ", style="bold #e5e9f0")
             text.append(f"{run.kind}", style="#c0c8d4")
-            if run.model and run.model != run.kind:
-                text.append(f" · {Path(run.model).name}", style="#c0c8d4")
+            if run.subject and run.subject != run.kind:
+                text.append(f" · {run.subject}", style="#c0c8d4")
             text.append(f" · {run.status}", style="#edc948" if run.status == RUNNING else "#8c9bb0")
             if run.kind != "watch":  # a watched deployment's requests are not recorded
                 text.append(f" · {fmt.count(run.requests)} requests", style="#c0c8d4")

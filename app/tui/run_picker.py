@@ -28,7 +28,7 @@ def run_label(run: RunInfo, current: int | None) -> Text:
     text.append(f"{run.status:<12}", style=STATUS_STYLES.get(run.status, ""))
     text.append(f"{run.kind:<10}")
     text.append(f"{fmt.count(run.requests):>6} req {fmt.count(run.steps):>8} steps  ")
-    text.append(run.model or "", style="#8c9bb0")
+    text.append(run.subject or "", style="#8c9bb0")
     return text
 
 

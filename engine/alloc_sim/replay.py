@@ -25,6 +25,9 @@ class Timeline:
     reserved: list[int] = field(default_factory=list)
     running: list[int] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
+    #: every reserved block as (request, first slot, length) at the last sample,
+    #: before the last requests finish: the run's last page map.
+    last_extents: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -132,7 +135,10 @@ def replay(
         if check_every_step:
             allocator.check_integrity()
 
-        for rid in [r for r in running if tokens[r] == trace[r].total_len]:
+        done = [r for r in running if tokens[r] == trace[r].total_len]
+        if len(done) == len(running) and not arrivals and not waiting:
+            timeline.last_extents = allocator.extents()  # the last sample's layout
+        for rid in done:
             allocator.release(rid)
             running.remove(rid)
         step += 1
