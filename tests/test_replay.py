@@ -156,3 +156,23 @@ def test_prepared_keys_are_shared_between_drivers(trace):
     assert a.prepared is prepared
     b = ReplayDriver(small, ReplayConfig(capacity_tokens=50_000), prepared=prepared)
     assert b.run().requests == a.run().requests == 50
+
+
+def test_bailian_lines_use_seconds_and_16_token_blocks(tmp_path):
+    rows = [
+        {"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 40,
+         "output_length": 3, "type": "text", "turn": 1, "hash_ids": [11, 12, 13]},
+        {"chat_id": 2, "parent_chat_id": 1, "timestamp": 2.0, "input_length": 70,
+         "output_length": 2, "type": "text", "turn": 2, "hash_ids": [11, 12, 13, 14, 15]},
+    ]  # fmt: skip
+    path = tmp_path / "b.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    trace = read_replay_trace(path)
+    assert (trace.format, trace.block_size) == ("bailian", 16)
+    assert [e.arrival_s for e in trace.entries] == [0.5, 2.0]
+    assert trace.inconsistent == (0, 0)
+    # request 2 shares blocks 11, 12 as full pages (block 13 was partial in request 1: 40 = 2.5 x 16)
+    result = ReplayDriver(trace, ReplayConfig(page_size=16, check_every=1)).run()
+    assert result.hit_tokens == 32
+    # at 32-token pages the first page (blocks 11+12) is shared
+    assert ReplayDriver(trace, ReplayConfig(page_size=32)).run().hit_tokens == 32
