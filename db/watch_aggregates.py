@@ -129,40 +129,60 @@ def bin_edges_s(b: int) -> tuple[float, float]:
 class _Source:
     """One source's cache as the stream tells it."""
 
-    __slots__ = (
-        "bit",
-        "engine",
-        "held",
-        "on_source",
-        "evicted",
-        "live",
-        "stats",
-        "hist",
-    )
+    __slots__ = ("bit", "engine", "tree", "shelves", "on_source", "evicted", "copies", "stats",
+                 "hist")  # fmt: skip
 
-    def __init__(self, index: int, engine: str) -> None:
+    def __init__(self, index: int, engine: str, tree: _Tree) -> None:
         self.bit = 1 << index
         self.engine = engine
-        self.held: dict[tuple, list[int]] = {}  # (medium, group, hash) -> [copies, stored, last]
-        self.on_source: dict[int, int] = {}  # hash -> (medium, group) keys holding it
+        self.tree = tree
+        # (medium, group) -> hash -> [copies, stored at, last stored at] (ns)
+        self.shelves: dict[tuple[str, int], dict[int, list[int]]] = {}
+        # hash -> shelves holding it; kept only once a source has two shelves (an
+        # offload tier, hybrid groups): with one, held there is held on the source.
+        self.on_source: dict[int, int] | None = None
         self.evicted: OrderedDict[int, int] = OrderedDict()  # hash -> removed at (ns)
-        self.live: dict[tuple[str, int], list[int]] = {}  # (medium, group) -> [blocks, copies]
+        self.copies: dict[tuple[str, int], int] = {}  # (medium, group) -> physical copies
         self.stats = dict.fromkeys(STAT_COLUMNS, 0)
         self.stats["lifetime_sum_s"] = 0.0
         self.hist: dict[tuple[str, int], int] = defaultdict(int)  # deltas since the last persist
 
+    def shelf(self, medium: str, group: int) -> dict[int, list[int]]:
+        key = (medium, group)
+        shelf = self.shelves.get(key)
+        if shelf is None:
+            if len(self.shelves) == 1 and self.on_source is None:
+                (only,) = self.shelves.values()
+                self.on_source = dict.fromkeys(only, 1)
+            shelf = self.shelves[key] = {}
+            self.copies[key] = 0
+        return shelf
+
+    def held_blocks(self, medium: str) -> int:
+        return sum(len(s) for (m, _), s in self.shelves.items() if m == medium)
+
+    def all_held(self) -> set[int] | dict[int, int]:
+        if self.on_source is not None:
+            return self.on_source
+        return next(iter(self.shelves.values()), {})
+
 
 class _Tree:
-    """The prefix tree of one engine kind: every block ever stored, by its parent."""
+    """The prefix tree of one engine kind: every block ever stored, by its parent,
+    and which sources hold each block now (the fleet's duplication)."""
 
-    __slots__ = ("nodes", "branch_points", "roots", "max_depth")
+    __slots__ = ("nodes", "branch_points", "roots", "max_depth", "duplicated", "extra", "peak")
 
     def __init__(self) -> None:
-        # hash -> [parent, depth, children, subtree size, sources that stored it (bits)]
+        # hash -> [parent, depth, children, subtree size, sources that stored it (bits),
+        #          sources that hold it now (bits)]
         self.nodes: dict[int, list] = {}
         self.branch_points: set[int] = set()
         self.roots = 0
         self.max_depth = 0
+        self.duplicated = 0  # hashes held by >= 2 sources now
+        self.extra = 0  # copies beyond the first, across sources
+        self.peak = 0
 
 
 class FleetState:
@@ -172,11 +192,7 @@ class FleetState:
         self.run_id = run_id
         self.origin_ns = origin_ns
         self.sources: dict[int, _Source] = {}
-        self.holders: dict[tuple[str, int], int] = {}  # (engine, hash) -> source bits
-        self.duplicated: dict[str, int] = defaultdict(int)
-        self.extra: dict[str, int] = defaultdict(int)
-        self.peak: dict[str, int] = defaultdict(int)
-        self.trees: dict[str, _Tree] = defaultdict(_Tree)
+        self.trees: dict[str, _Tree] = {}
         self.applied_rowid = 0
         # deltas since the last persist: (width, bucket, source, medium) -> [stored,
         # removed, live, recomputed, routing]; live is the value at the last event
@@ -189,14 +205,24 @@ class FleetState:
 
     # --- feeding ----------------------------------------------------------------------
 
+    def _tree(self, engine: str) -> _Tree:
+        tree = self.trees.get(engine)
+        if tree is None:
+            tree = self.trees[engine] = _Tree()
+        return tree
+
     def add_source(self, index: int, engine: str | None) -> None:
-        if index not in self.sources:
-            self.sources[index] = _Source(index, engine or "")
+        src = self.sources.get(index)
+        if src is None:
+            self.sources[index] = _Source(index, engine or "", self._tree(engine or ""))
+        elif engine and src.engine != engine and not src.shelves:
+            src.engine, src.tree = engine, self._tree(engine)
 
     def _source(self, index: int) -> _Source:
         src = self.sources.get(index)
         if src is None:
-            src = self.sources[index] = _Source(index, "")
+            self.add_source(index, "")
+            src = self.sources[index]
         return src
 
     def apply(
@@ -217,14 +243,15 @@ class FleetState:
             elif op in (OP_CLEARED, OP_RESET):
                 self._clear(src, source, ts_ns, op)
 
-    def _buckets(self, ts_ns: int) -> list[tuple[int, int]]:
+    def _note(self, src: _Source, source: int, medium: str, ts_ns: int, stored: int,
+              removed: int, recomputed: int, routing: int) -> None:  # fmt: skip
+        live = src.held_blocks(medium)
+        tree = src.tree
+        dup, extra = tree.duplicated, tree.extra
         rel = ts_ns - self.origin_ns
-        return [(w, rel // (w * 1_000_000_000)) for w in BUCKET_WIDTHS_S]
-
-    def _note_series(self, source: int, medium: str, ts_ns: int, stored: int, removed: int,
-                     recomputed: int, routing: int, live: int) -> None:  # fmt: skip
-        series = self._series
-        for w, b in self._buckets(ts_ns):
+        series, fleet = self._series, self._fleet_series
+        for w in BUCKET_WIDTHS_S:
+            b = rel // (w * 1_000_000_000)
             key = (w, b, source, medium)
             entry = series.get(key)
             if entry is None:
@@ -235,12 +262,7 @@ class FleetState:
                 entry[2] = live
                 entry[3] += recomputed
                 entry[4] += routing
-
-    def _note_fleet(self, engine: str, ts_ns: int) -> None:
-        dup, extra = self.duplicated[engine], self.extra[engine]
-        fleet = self._fleet_series
-        for w, b in self._buckets(ts_ns):
-            key = (w, b, engine)
+            key = (w, b, src.engine)
             entry = fleet.get(key)
             if entry is None:
                 fleet[key] = [dup, extra, extra]
@@ -250,179 +272,165 @@ class FleetState:
                 if extra > entry[2]:
                     entry[2] = extra
 
-    def _hold(self, engine: str, block: int, bit: int, add: bool) -> None:
-        key = (engine, block)
-        mask = self.holders.get(key, 0)
-        before = mask.bit_count()
-        mask = mask | bit if add else mask & ~bit
-        after = mask.bit_count()
-        if mask:
-            self.holders[key] = mask
-        else:
-            self.holders.pop(key, None)
-        if after != before:
-            self.extra[engine] += max(after - 1, 0) - max(before - 1, 0)
-            if self.extra[engine] > self.peak[engine]:
-                self.peak[engine] = self.extra[engine]
-            self.duplicated[engine] += (after >= 2) - (before >= 2)
-
     def _store(self, src: _Source, source: int, ts_ns: int, hashes: Iterable[int],
                parent: int | None, medium: str | None, group: int | None) -> None:  # fmt: skip
         m = NO_MEDIUM if medium is None else medium
         g = NO_GROUP if group is None else group
-        held, on_source, stats, hist = src.held, src.on_source, src.stats, src.hist
-        live = src.live.get((m, g))
-        if live is None:
-            live = src.live[(m, g)] = [0, 0]
-        engine, bit = src.engine, src.bit
-        holders = self.holders
-        stored = recomputed = routing = 0
+        shelf = src.shelf(m, g)
+        on_source, stats, hist, evicted = src.on_source, src.stats, src.hist, src.evicted
+        tree, bit = src.tree, src.bit
+        nodes = tree.nodes
+        stored = recomputed = routing = both = new = copies = 0
+        chain = []
+        par = parent
         for block in hashes:
             stored += 1
-            key = (m, g, block)
-            entry = held.get(key)
+            # the prefix tree: every block ever stored, chained to its parent
+            node = nodes.get(block)
+            if node is None:
+                above = nodes.get(par) if par is not None and par != block else None
+                if above is not None:
+                    depth = above[1] + 1
+                    above[2] += 1
+                    if above[2] == 2:
+                        tree.branch_points.add(par)
+                else:
+                    depth = 1
+                    tree.roots += 1
+                if depth > tree.max_depth:
+                    tree.max_depth = depth
+                node = nodes[block] = [par, depth, 0, 0, bit, 0]  # subtree 0: new
+            else:
+                node[4] |= bit
+            chain.append(node)
+            par = block
+            # the source's cache: copies per (medium, group, hash)
+            copies += 1
+            entry = shelf.get(block)
             if entry is not None:
                 entry[0] += 1
-                live[1] += 1
                 stats["reannounced"] += 1
                 hist[("reuse_gap", bin_of((ts_ns - entry[2]) / 1e9))] += 1
                 entry[2] = ts_ns
                 continue
-            held[key] = [1, ts_ns, ts_ns]
-            live[0] += 1
-            live[1] += 1
-            n = on_source.get(block, 0)
-            on_source[block] = n + 1
-            if n:
-                continue
-            stats["new_blocks"] += 1
-            removed_at = src.evicted.pop(block, None)
-            others = holders.get((engine, block), 0) & ~bit
+            shelf[block] = [1, ts_ns, ts_ns]
+            if on_source is not None:
+                n = on_source.get(block, 0)
+                on_source[block] = n + 1
+                if n:
+                    continue  # on another medium or group of this source already
+            new += 1
+            removed_at = evicted.pop(block, None) if evicted else None
+            mask = node[5] & ~bit
             if removed_at is not None:
                 recomputed += 1
                 hist[("restore_gap", bin_of((ts_ns - removed_at) / 1e9))] += 1
-            if others:
-                routing += 1
+            if mask:
+                routing += 1  # another source of this engine kind holds it
                 if removed_at is not None:
-                    stats["both_misses"] += 1
-            self._hold(engine, block, bit, True)
+                    both += 1
+                tree.extra += 1
+                if mask & (mask - 1) == 0:
+                    tree.duplicated += 1
+            node[5] = mask | bit
+        if tree.extra > tree.peak:
+            tree.peak = tree.extra
+        src.copies[(m, g)] += copies
         stats["stored"] += stored
+        stats["new_blocks"] += new
         stats["recomputed"] += recomputed
         stats["routing_misses"] += routing
-        self._grow_tree(engine, bit, hashes, parent)
-        self._note_series(
-            source, m, ts_ns, stored, 0, recomputed, routing, self._live_blocks(src, m)
-        )
-        self._note_fleet(engine, ts_ns)
+        stats["both_misses"] += both
+        added = 0
+        for node in reversed(chain):
+            fresh = node[3] == 0
+            node[3] += added + fresh
+            added += fresh
+        if added:
+            self._prefixes_dirty = True
+            up = chain[0][0]
+            steps, limit = 0, len(nodes)
+            while up is not None and steps <= limit:  # the limit: a cycle of hashes stops
+                node = nodes.get(up)
+                if node is None:
+                    break
+                node[3] += added
+                up = node[0]
+                steps += 1
+        self._note(src, source, m, ts_ns, stored, 0, recomputed, routing)
+
+    def _release(self, tree: _Tree, block: int, bit: int) -> None:
+        """``block`` no longer held by the source of ``bit``."""
+        node = tree.nodes.get(block)
+        if node is None:
+            return
+        mask = node[5]
+        if not mask & bit:
+            return
+        mask &= ~bit
+        node[5] = mask
+        if mask:
+            tree.extra -= 1
+            if mask & (mask - 1) == 0:
+                tree.duplicated -= 1
 
     def _remove(self, src: _Source, source: int, ts_ns: int, hashes: Iterable[int],
                 medium: str | None, group: int | None) -> None:  # fmt: skip
         m = NO_MEDIUM if medium is None else medium
         g = NO_GROUP if group is None else group
-        held, on_source, stats, hist = src.held, src.on_source, src.stats, src.hist
-        evicted = src.evicted
-        live = src.live.get((m, g))
-        if live is None:
-            live = src.live[(m, g)] = [0, 0]
-        removed = 0
+        shelf = src.shelf(m, g)
+        on_source, stats, hist, evicted = src.on_source, src.stats, src.hist, src.evicted
+        tree, bit = src.tree, src.bit
+        removed = copies = 0
         for block in hashes:
             removed += 1
-            key = (m, g, block)
-            entry = held.get(key)
+            entry = shelf.get(block)
             if entry is None:
                 stats["removed_unknown"] += 1
-                if block not in on_source:
+                if on_source is None or block not in on_source:
                     evicted[block] = ts_ns
                     evicted.move_to_end(block)
                     if len(evicted) > EVICTED_MEMORY:
                         evicted.popitem(last=False)
                 continue
-            live[1] -= 1
+            copies += 1
             entry[0] -= 1
             if entry[0] > 0:
                 continue  # another physical copy still holds it
-            del held[key]
-            live[0] -= 1
+            del shelf[block]
             life_s = (ts_ns - entry[1]) / 1e9
             stats["lifetime_count"] += 1
             stats["lifetime_sum_s"] += life_s
             hist[("lifetime", bin_of(life_s))] += 1
             hist[("idle_before_evict", bin_of((ts_ns - entry[2]) / 1e9))] += 1
-            n = on_source[block] - 1
-            if n:
-                on_source[block] = n
-                continue
-            del on_source[block]
+            if on_source is not None:
+                n = on_source[block] - 1
+                if n:
+                    on_source[block] = n
+                    continue
+                del on_source[block]
             evicted[block] = ts_ns
             if len(evicted) > EVICTED_MEMORY:
                 evicted.popitem(last=False)
-            self._hold(src.engine, block, src.bit, False)
+            self._release(tree, block, bit)
+        src.copies[(m, g)] -= copies
         stats["removed"] += removed
-        self._note_series(source, m, ts_ns, 0, removed, 0, 0, self._live_blocks(src, m))
-        self._note_fleet(src.engine, ts_ns)
+        self._note(src, source, m, ts_ns, 0, removed, 0, 0)
 
     def _clear(self, src: _Source, source: int, ts_ns: int, op: int) -> None:
         src.stats["clears" if op == OP_CLEARED else "resets"] += 1
-        for block in src.on_source:
-            self._hold(src.engine, block, src.bit, False)
-        src.held.clear()
-        src.on_source.clear()
+        tree, bit = src.tree, src.bit
+        for block in src.all_held():
+            self._release(tree, block, bit)
+        for shelf in src.shelves.values():
+            shelf.clear()
+        if src.on_source is not None:
+            src.on_source.clear()
         src.evicted.clear()  # a reset is not a capacity miss: what follows is a fresh cache
-        media = {m for m, _ in src.live}
-        for counts in src.live.values():
-            counts[0] = counts[1] = 0  # kept at 0 so a chart's line drops to 0
-        for m in media:
-            self._note_series(source, m, ts_ns, 0, 0, 0, 0, 0)
-        self._note_fleet(src.engine, ts_ns)
-
-    @staticmethod
-    def _live_blocks(src: _Source, medium: str) -> int:
-        return sum(c[0] for (m, _), c in src.live.items() if m == medium)
-
-    def _grow_tree(self, engine: str, bit: int, hashes: Iterable[int], parent: int | None) -> None:
-        """Add a parent-chained run of blocks; subtree sizes grow along the chain and
-        once up the ancestors (per event, not per block)."""
-        tree = self.trees[engine]
-        nodes = tree.nodes
-        chain = []
-        par = parent
-        for block in hashes:
-            node = nodes.get(block)
-            if node is None:
-                above = nodes.get(par) if par is not None and par != block else None
-                depth = above[1] + 1 if above is not None else 1
-                node = nodes[block] = [par, depth, 0, 0, bit]
-                if above is not None:
-                    above[2] += 1
-                    if above[2] == 2:
-                        tree.branch_points.add(par)
-                else:
-                    tree.roots += 1
-                if depth > tree.max_depth:
-                    tree.max_depth = depth
-                chain.append((node, True))
-            else:
-                node[4] |= bit
-                chain.append((node, False))
-            par = block
-        added = 0
-        for node, new in reversed(chain):
-            node[3] += added + new
-            added += new
-        if not added or not chain:
-            return
-        self._prefixes_dirty = True
-        first = chain[0][0]
-        up = first[0]
-        steps = 0
-        seen_limit = len(nodes)
-        while up is not None and steps <= seen_limit:
-            node = nodes.get(up)
-            if node is None:
-                break
-            node[3] += added
-            up = node[0]
-            steps += 1
+        for key in src.copies:
+            src.copies[key] = 0  # kept at 0 so a chart's line drops to 0
+        for m in {m for m, _ in src.shelves}:
+            self._note(src, source, m, ts_ns, 0, 0, 0, 0)
 
     # --- what the views read -------------------------------------------------------------
 
@@ -452,9 +460,9 @@ class FleetState:
         conn.executemany(
             f"INSERT OR REPLACE INTO watch_live VALUES ({r}, ?, ?, ?, ?, ?)",
             [
-                (i, m, g, c[0], c[1])
+                (i, m, g, len(shelf), s.copies[(m, g)])
                 for i, s in self.sources.items()
-                for (m, g), c in s.live.items()
+                for (m, g), shelf in s.shelves.items()
             ],
         )
         if self._series:
@@ -486,21 +494,20 @@ class FleetState:
                 "ON CONFLICT DO UPDATE SET count = count + excluded.count",
                 rows,
             )
-        engines = {s.engine for s in self.sources.values()} | set(self.trees)
         conn.executemany(
             f"INSERT OR REPLACE INTO watch_fleet VALUES ({r}, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     e,
-                    self.duplicated[e],
-                    self.extra[e],
-                    self.peak[e],
-                    len(self.trees[e].nodes) if e in self.trees else 0,
-                    self.trees[e].roots if e in self.trees else 0,
-                    len(self.trees[e].branch_points) if e in self.trees else 0,
-                    self.trees[e].max_depth if e in self.trees else 0,
-                )
-                for e in sorted(engines)
+                    t.duplicated,
+                    t.extra,
+                    t.peak,
+                    len(t.nodes),
+                    t.roots,
+                    len(t.branch_points),
+                    t.max_depth,
+                )  # fmt: skip
+                for e, t in sorted(self.trees.items())
             ],
         )
         now = time.monotonic()

@@ -1,12 +1,11 @@
 """Read queries over a watched deployment (run kind ``watch``), for every front end.
 
-Block-level figures come from one ordered pass over ``watch_blocks`` (one
-row per event, hashes as JSON) that
-replays each source's cache (``replay``): cached blocks by medium over time,
-lifetimes from stored to removed, re-announced (reused) blocks, blocks
-recomputed after an eviction, clears and restarts, and blocks held by several
-replicas at once. Memory is bounded by what the engines cache, not by the
-length of the run. Hashes compare only within one engine kind, so every
+Block-level figures read the aggregates the recorder keeps as it writes
+(``db.watch_aggregates``), never the raw ``watch_blocks``: a refresh costs the
+window it shows, not the length of the watch. Cached blocks and copies by
+medium, lifetimes, re-announced blocks, recomputation after eviction and
+routing misses, clears and restarts, blocks held by several replicas at once,
+the prefix tree's largest shared prefixes. Hashes compare only within one engine kind, so every
 cross-source figure groups by ``engine``. /metrics figures are rates of
 counters between scrapes (never an engine's own hit-rate gauge, which SGLang
 overwrites per batch). Times are seconds since the run's start (``t_s``).
@@ -14,18 +13,19 @@ overwrites per batch). Times are seconds since the run's start (``t_s``).
 
 from __future__ import annotations
 
-import json
+import math
+import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from db.source import Source, connection, run_origin
-from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_RESET, OP_STORED
-
-# Removed blocks remembered per source to recognise one stored again (churn).
-EVICTED_MEMORY = 1_000_000
+from db.watch_aggregates import (
+    BUCKET_WIDTHS_S,
+    NO_MEDIUM,
+    STAT_COLUMNS,
+    bin_edges_s,
+)
 
 # /metrics names per figure and engine kind (see docs/watch.md).
 METRIC_NAMES: dict[str, dict[str, str]] = {
@@ -92,59 +92,37 @@ def watch_sources(source: Source, run_id: int) -> list[WatchSource]:
     return [WatchSource(*row[:7], bool(row[7]), *row[8:]) for row in rows]
 
 
-# --- the cache replay ----------------------------------------------------------------
+# --- block figures, from the aggregates -------------------------------------------------
 
 
-@dataclass(slots=True)
-class SourceCache:
-    """One source's cache as replayed, and what happened to it."""
+def _medium(value: str) -> str | None:
+    return None if value == NO_MEDIUM else value
 
-    cached: dict[tuple[str | None, int], int] = field(default_factory=dict)  # -> stored ts_ns
-    # Recently removed keys, oldest first, at most EVICTED_MEMORY of them: a
-    # store of one of these is churn. Bounded, so a long watch replays in bounded memory.
-    evicted: dict[tuple[str | None, int], None] = field(default_factory=dict)
-    stored: int = 0
-    removed: int = 0
-    reannounced: int = 0  # stored while already cached: a hit re-announced (report mode full)
-    recomputed: int = 0  # stored again after being removed: eviction churn
-    removed_unknown: int = 0  # removed without a store seen (stored before the watch began)
-    clears: int = 0
-    resets: int = 0
-    lifetimes_ns: list[int] = field(default_factory=list)
-    by_medium: dict[str | None, int] = field(default_factory=lambda: defaultdict(int))
-    media_of: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # hash -> media
 
-    def store(self, key: tuple[str | None, int], ts_ns: int) -> bool:
-        """Cache ``key``; True when its hash was on no medium of this source before."""
-        self.cached[key] = ts_ns
-        self.by_medium[key[0]] += 1
-        self.media_of[key[1]] += 1
-        return self.media_of[key[1]] == 1
-
-    def remove(self, key: tuple[str | None, int]) -> bool:
-        """Drop ``key`` (cached); True when its hash is now on no medium of this source."""
-        del self.cached[key]
-        self.by_medium[key[0]] -= 1
-        self.media_of[key[1]] -= 1
-        if self.media_of[key[1]]:
-            return False
-        del self.media_of[key[1]]
-        return True
-
-    def clear(self) -> list[int]:
-        """Drop everything; returns the hashes this source no longer holds."""
-        hashes = list(self.media_of)
-        self.cached.clear()
-        for medium in self.by_medium:  # kept at 0 so a chart's line drops to 0
-            self.by_medium[medium] = 0
-        self.media_of.clear()
-        self.evicted.clear()
-        return hashes
+def version(source: Source, run_id: int) -> tuple:
+    """What a view's cache keys on: it changes when a block row, an incident, a
+    scrape or the run's status is written, not when only the heartbeat is."""
+    with connection(source) as conn:
+        applied = conn.execute(
+            "SELECT applied_rowid FROM watch_agg_state WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        incidents = conn.execute(
+            "SELECT COUNT(*) FROM watch_incidents WHERE run_id = ?", (run_id,)
+        ).fetchone()[0]
+        # The newest scrape of any run: only a live watch writes them.
+        scrapes = conn.execute("SELECT MAX(rowid) FROM watch_metrics").fetchone()[0]
+        counters = conn.execute(
+            "SELECT SUM(batches), SUM(bad_messages), SUM(disconnects) FROM watch_sources "
+            "WHERE run_id = ?",
+            (run_id,),
+        ).fetchone()
+        status = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return (applied and applied[0], incidents, scrapes, *counters, status and status[0])
 
 
 @dataclass(frozen=True, slots=True)
 class CachedPoint:
-    """Cached blocks of one source and medium at ``t_s``."""
+    """Cached blocks of one source and medium at the end of the bucket ending ``t_s``."""
 
     t_s: float
     source: int
@@ -162,117 +140,111 @@ class DuplicatePoint:
     extra_copies: int  # copies beyond the first: the wasted ones
 
 
-@dataclass(slots=True)
-class Replay:
-    """What ``replay`` found: per-source caches at the end and the series over time."""
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Seconds since the run's start; None: open."""
 
-    caches: dict[int, SourceCache]
-    cached_series: list[CachedPoint]
-    duplicate_series: list[DuplicatePoint]
-    final_holders: dict[tuple[str, int], set[int]]  # (engine, hash) -> sources holding it
-    peak_extra_copies: dict[str, int]  # engine -> the most extra copies at any moment
+    start_s: float | None = None
+    end_s: float | None = None
 
 
-def replay(source: Source, run_id: int, *, points: int = 400) -> Replay:
-    """Replay every source's block events in arrival order.
+def _width(conn: sqlite3.Connection, run_id: int, window: Window | None, points: int) -> int:
+    """The finest bucket width that shows ``window`` in at most about ``points`` buckets."""
+    lo, hi = conn.execute(
+        "SELECT MIN(bucket), MAX(bucket) FROM watch_series WHERE run_id = ? AND width_s = 1",
+        (run_id,),
+    ).fetchone()
+    if lo is None:
+        return BUCKET_WIDTHS_S[0]
+    if window is not None:
+        lo = max(lo, int(window.start_s)) if window.start_s is not None else lo
+        hi = min(hi, int(window.end_s)) if window.end_s is not None else hi
+    span = max(hi - lo + 1, 1)
+    for width in BUCKET_WIDTHS_S:
+        if span / width <= points:
+            return width
+    return BUCKET_WIDTHS_S[-1]
 
-    The series hold at most about ``points`` samples each (a sample after every
-    ``n``-th event, and the last state).
-    """
+
+def _bucket_range(window: Window | None, width: int) -> tuple[int, int]:
+    if window is None:
+        return -(2**62), 2**62
+    lo = -(2**62) if window.start_s is None else int(window.start_s // width)
+    hi = 2**62 if window.end_s is None else int(window.end_s // width)
+    return lo, hi
+
+
+def _bucket_rows(
+    source: Source, run_id: int, window: Window | None, points: int, sql: str
+) -> tuple[int, list[tuple]]:
+    """``sql`` (placeholders: run, width, first and last bucket) over the buckets of
+    the width that shows ``window`` in about ``points``; returns (width, rows)."""
     with connection(source) as conn:
-        origin = run_origin(conn, run_id)
-        engines = dict(
-            conn.execute(
-                "SELECT source, engine FROM watch_sources WHERE run_id = ?", (run_id,)
-            ).fetchall()
-        )
-        total = conn.execute(
-            "SELECT COUNT(*) FROM watch_blocks WHERE run_id = ?", (run_id,)
-        ).fetchone()[0]  # events: a sample after every n-th
-        every = max(1, total // max(points, 1))
-        caches: dict[int, SourceCache] = defaultdict(SourceCache)
-        holders: dict[tuple[str, int], set[int]] = defaultdict(set)
-        extra = defaultdict(int)  # engine -> copies beyond the first, right now
-        peak = defaultdict(int)
-        dup_hashes = defaultdict(int)  # engine -> hashes on >= 2 sources
-        cached_series: list[CachedPoint] = []
-        duplicate_series: list[DuplicatePoint] = []
+        width = _width(conn, run_id, window, points)
+        lo, hi = _bucket_range(window, width)
+        return width, conn.execute(sql, (run_id, width, lo, hi)).fetchall()
 
-        def hold(engine: str, block: int, src: int, add: bool) -> None:
-            key = (engine, block)
-            owners = holders[key]
-            before = len(owners)
-            if add:
-                owners.add(src)
-            else:
-                owners.discard(src)
-            after = len(owners)
-            if after != before:
-                extra[engine] += max(after - 1, 0) - max(before - 1, 0)
-                peak[engine] = max(peak[engine], extra[engine])
-                dup_hashes[engine] += (after >= 2) - (before >= 2)
-            if not owners:
-                del holders[key]
 
-        def sample(t_ns: int) -> None:
-            t_s = (t_ns - origin) / 1e9
-            for src, cache in caches.items():
-                for medium, n in cache.by_medium.items():
-                    cached_series.append(CachedPoint(t_s, src, medium, n))
-            for engine in set(engines.values()):
-                duplicate_series.append(
-                    DuplicatePoint(t_s, engine, dup_hashes[engine], extra[engine])
-                )
+def cached_series(
+    source: Source, run_id: int, window: Window | None = None, *, points: int = 1500
+) -> list[CachedPoint]:
+    """Cached blocks per source and medium over time: the value at the end of each
+    bucket (1 s, 1 min or 1 h wide, whichever shows ``window`` in ``points``)."""
+    width, rows = _bucket_rows(
+        source,
+        run_id,
+        window,
+        points,
+        "SELECT bucket, source, medium, live FROM watch_series WHERE run_id = ? "
+        "AND width_s = ? AND bucket BETWEEN ? AND ? ORDER BY bucket, source, medium",
+    )
+    return [CachedPoint(float((b + 1) * width), s, _medium(m), n) for b, s, m, n in rows]
 
-        rows = conn.execute(
-            "SELECT source, ts_ns, op, block_hashes, medium FROM watch_blocks "
-            "WHERE run_id = ? ORDER BY rowid",
-            (run_id,),
-        )
-        i = 0
-        ts_ns = origin
-        for src, ts_ns, op, hashes, medium in rows:
-            cache = caches[src]
-            engine = engines.get(src, "")
-            if op == OP_STORED:
-                for block in json.loads(hashes):
-                    key = (medium, block)
-                    cache.stored += 1
-                    if key in cache.cached:
-                        cache.reannounced += 1
-                        continue
-                    if key in cache.evicted:
-                        cache.recomputed += 1
-                        del cache.evicted[key]
-                    if cache.store(key, ts_ns):
-                        hold(engine, block, src, True)
-            elif op == OP_REMOVED:
-                for block in json.loads(hashes):
-                    key = (medium, block)
-                    cache.removed += 1
-                    stored_ns = cache.cached.get(key)
-                    if stored_ns is None:
-                        cache.removed_unknown += 1
-                    else:
-                        cache.lifetimes_ns.append(ts_ns - stored_ns)
-                        if cache.remove(key):
-                            hold(engine, block, src, False)
-                    cache.evicted[key] = None
-                    if len(cache.evicted) > EVICTED_MEMORY:
-                        del cache.evicted[next(iter(cache.evicted))]
-            elif op in (OP_CLEARED, OP_RESET):
-                if op == OP_CLEARED:
-                    cache.clears += 1
-                else:
-                    cache.resets += 1
-                for held in cache.clear():
-                    hold(engine, held, src, False)
-            i += 1
-            if i % every == 0:
-                sample(ts_ns)
-        if i % every:
-            sample(ts_ns)
-    return Replay(dict(caches), cached_series, duplicate_series, dict(holders), dict(peak))
+
+def duplicate_series(
+    source: Source, run_id: int, window: Window | None = None, *, points: int = 1500
+) -> list[DuplicatePoint]:
+    width, rows = _bucket_rows(
+        source,
+        run_id,
+        window,
+        points,
+        "SELECT bucket, engine, duplicated, extra_copies FROM watch_fleet_series "
+        "WHERE run_id = ? AND width_s = ? AND bucket BETWEEN ? AND ? ORDER BY bucket, engine",
+    )
+    return [DuplicatePoint(float((b + 1) * width), e, d, x) for b, e, d, x in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class MissPoint:
+    """Fleet-wide misses in one bucket, as rates."""
+
+    t_s: float
+    engine: str
+    stored_per_s: float  # block events stored (prefill paid, and re-announcements)
+    recomputed_per_s: float
+    routing_misses_per_s: float
+
+
+def miss_series(
+    source: Source, run_id: int, window: Window | None = None, *, points: int = 1500
+) -> list[MissPoint]:
+    """Recomputations after eviction and routing misses per second, per engine kind
+    (blocks; times the block size for tokens)."""
+    width, rows = _bucket_rows(
+        source,
+        run_id,
+        window,
+        points,
+        "SELECT w.bucket, s.engine, SUM(w.stored), SUM(w.recomputed), SUM(w.routing_misses) "
+        "FROM watch_series w JOIN watch_sources s ON s.run_id = w.run_id AND s.source = w.source "
+        "WHERE w.run_id = ? AND w.width_s = ? AND w.bucket BETWEEN ? AND ? "
+        "GROUP BY w.bucket, s.engine ORDER BY w.bucket",
+    )
+    return [
+        MissPoint(float((b + 1) * width), e, st / width, rc / width, rm / width)
+        for b, e, st, rc, rm in rows
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,73 +254,253 @@ class BlockStats:
     source: int
     stored: int
     removed: int
-    reannounced: int
+    reannounced: int  # stored while held: a hit re-announced, or a second physical copy
     recomputed: int
     removed_unknown: int
     clears: int
     resets: int
-    cached: dict[str | None, int]  # at the end, by medium
+    cached: dict[str | None, int]  # blocks held now, by medium
     lifetime_count: int
     lifetime_mean_s: float | None
-    lifetime_p50_s: float | None
+    lifetime_p50_s: float | None  # from the histogram: within a quarter octave
     lifetime_p90_s: float | None
+    new_blocks: int = 0  # stored while held on no medium of the source: prefill paid
+    routing_misses: int = 0
+    copies: dict[str | None, int] = field(default_factory=dict)  # physical copies, by medium
 
 
-def block_stats(result: Replay) -> list[BlockStats]:
-    """Per-source figures of a ``replay`` result, in source order."""
-    stats = []
-    for src in sorted(result.caches):
-        cache = result.caches[src]
-        life = np.asarray(cache.lifetimes_ns, dtype=np.float64) / 1e9
-        has = len(life) > 0
-        stats.append(
+def _quantile(bins: list[tuple[int, int]], q: float) -> float | None:
+    """The ``q`` quantile of a histogram, at the geometric middle of its bin."""
+    total = sum(n for _, n in bins)
+    if not total:
+        return None
+    rank = q * total
+    seen = 0
+    for b, n in sorted(bins):
+        seen += n
+        if seen >= rank:
+            low, high = bin_edges_s(b)
+            return math.sqrt(low * high) if low else high / 2
+    return None
+
+
+def _histograms(conn: sqlite3.Connection, run_id: int, name: str) -> dict[int, list]:
+    out: dict[int, list] = defaultdict(list)
+    for src, b, n in conn.execute(
+        "SELECT source, bin, count FROM watch_histograms WHERE run_id = ? AND name = ?",
+        (run_id, name),
+    ):
+        out[src].append((b, n))
+    return out
+
+
+def block_stats(source: Source, run_id: int) -> list[BlockStats]:
+    """Per-source figures, in source order (events sources only)."""
+    with connection(source) as conn:
+        names = ", ".join(STAT_COLUMNS)
+        rows = conn.execute(
+            f"SELECT source, {names} FROM watch_source_stats WHERE run_id = ? ORDER BY source",
+            (run_id,),
+        ).fetchall()
+        live: dict[int, dict] = defaultdict(lambda: defaultdict(int))
+        copies: dict[int, dict] = defaultdict(lambda: defaultdict(int))
+        for src, medium, blocks, n in conn.execute(
+            "SELECT source, medium, blocks, copies FROM watch_live WHERE run_id = ?", (run_id,)
+        ):
+            live[src][_medium(medium)] += blocks
+            copies[src][_medium(medium)] += n
+        lifetimes = _histograms(conn, run_id, "lifetime")
+    out = []
+    for row in rows:
+        src, values = row[0], dict(zip(STAT_COLUMNS, row[1:], strict=True))
+        count = values["lifetime_count"]
+        out.append(
             BlockStats(
                 src,
-                cache.stored,
-                cache.removed,
-                cache.reannounced,
-                cache.recomputed,
-                cache.removed_unknown,
-                cache.clears,
-                cache.resets,
-                {m: n for m, n in cache.by_medium.items() if n},
-                len(life),
-                float(life.mean()) if has else None,
-                float(np.percentile(life, 50)) if has else None,
-                float(np.percentile(life, 90)) if has else None,
+                values["stored"],
+                values["removed"],
+                values["reannounced"],
+                values["recomputed"],
+                values["removed_unknown"],
+                values["clears"],
+                values["resets"],
+                {m: n for m, n in live[src].items() if n},
+                count,
+                values["lifetime_sum_s"] / count if count else None,
+                _quantile(lifetimes.get(src, []), 0.5),
+                _quantile(lifetimes.get(src, []), 0.9),
+                values["new_blocks"],
+                values["routing_misses"],
+                {m: n for m, n in copies[src].items() if n},
             )
         )
-    return stats
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Misses:
+    """The two misses a fleet operator pays for, for one source or (``source`` None)
+    a whole engine kind. Tokens are blocks times the source's block size."""
+
+    engine: str
+    source: int | None
+    span_s: float  # the watch's length the rates are over
+    new_blocks: int  # prefill paid: blocks stored new on a source
+    new_tokens: int | None
+    recomputed: int  # recomputation after eviction: more KV (or offload) would have saved it
+    recomputed_tokens: int | None
+    routing_misses: int  # held by another source: a KV-aware router would have hit it
+    routing_miss_tokens: int | None
+    both: int  # both at once
+
+    @property
+    def recomputed_share(self) -> float | None:
+        return self.recomputed / self.new_blocks if self.new_blocks else None
+
+    @property
+    def routing_share(self) -> float | None:
+        return self.routing_misses / self.new_blocks if self.new_blocks else None
+
+    def per_s(self, tokens: int | None) -> float | None:
+        return None if tokens is None else tokens / self.span_s
+
+
+def misses(source: Source, run_id: int) -> list[Misses]:
+    """Per events source, then one fleet-wide row per engine kind (``source`` None)."""
+    srcs = {s.source: s for s in watch_sources(source, run_id) if s.kind == "events"}
+    with connection(source) as conn:
+        row = conn.execute(
+            "SELECT MIN(bucket), MAX(bucket) FROM watch_series WHERE run_id = ? AND width_s = 1",
+            (run_id,),
+        ).fetchone()
+        stats = conn.execute(
+            "SELECT source, new_blocks, recomputed, routing_misses, both_misses "
+            "FROM watch_source_stats WHERE run_id = ? ORDER BY source",
+            (run_id,),
+        ).fetchall()
+    span = float(max((row[1] or 0) + 1, 1)) if row[0] is not None else 1.0
+
+    def tokens(blocks: int, sizes: list[int | None]) -> int | None:
+        if any(s is None for s in sizes) or len(set(sizes)) > 1:
+            return None
+        return blocks * sizes[0] if sizes else 0
+
+    out = []
+    fleet: dict[str, list] = {}
+    for src, new, rc, rm, both in stats:
+        info = srcs.get(src)
+        if info is None:
+            continue
+        size = [info.block_size]
+        out.append(
+            Misses(
+                info.engine,
+                src,
+                span,
+                new,
+                tokens(new, size),
+                rc,
+                tokens(rc, size),
+                rm,
+                tokens(rm, size),
+                both,
+            )  # fmt: skip
+        )
+        acc = fleet.setdefault(info.engine, [0, 0, 0, 0, []])
+        for i, v in enumerate((new, rc, rm, both)):
+            acc[i] += v
+        acc[4].append(info.block_size)
+    for engine, (new, rc, rm, both, sizes) in sorted(fleet.items()):
+        out.append(
+            Misses(
+                engine,
+                None,
+                span,
+                new,
+                tokens(new, sizes),
+                rc,
+                tokens(rc, sizes),
+                rm,
+                tokens(rm, sizes),
+                both,
+            )  # fmt: skip
+        )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramBin:
+    low_s: float
+    high_s: float
+    count: int
+
+
+def histogram(
+    source: Source, run_id: int, name: str, *, of_source: int | None = None
+) -> list[HistogramBin]:
+    """One of ``HISTOGRAMS`` (lifetime, idle_before_evict, reuse_gap, restore_gap),
+    summed over sources unless ``of_source``; quarter-octave bins from 1 ms."""
+    where = "" if of_source is None else f" AND source = {int(of_source)}"
+    with connection(source) as conn:
+        rows = conn.execute(
+            f"SELECT bin, SUM(count) FROM watch_histograms WHERE run_id = ? AND name = ?{where} "
+            "GROUP BY bin ORDER BY bin",
+            (run_id, name),
+        ).fetchall()
+    return [HistogramBin(*bin_edges_s(b), n) for b, n in rows]
 
 
 @dataclass(frozen=True, slots=True)
 class Duplication:
-    """Blocks of one engine kind cached on several sources at the end of the watch."""
+    """Blocks of one engine kind cached on several sources at once."""
 
     engine: str
     duplicated_blocks: int
     extra_copies: int
-    extra_tokens: int | None  # extra copies x block size, when every source reported one
+    extra_tokens: int | None  # extra copies x block size, when the sources share one
     peak_extra_copies: int
 
 
-def duplication(source: Source, run_id: int, result: Replay) -> list[Duplication]:
-    """Duplicated KV across replicas, per engine kind (wasted bytes = extra_tokens x
-    the model's KV bytes per token)."""
-    sources = {s.source: s for s in watch_sources(source, run_id)}
+def duplication(source: Source, run_id: int) -> list[Duplication]:
+    """Duplicated KV across replicas now and at peak, per engine kind (wasted bytes =
+    extra_tokens x the model's KV bytes per token)."""
+    sizes: dict[str, set] = defaultdict(set)
+    for s in watch_sources(source, run_id):
+        if s.kind == "events":
+            sizes[s.engine].add(s.block_size)
+    with connection(source) as conn:
+        rows = conn.execute(
+            "SELECT engine, duplicated, extra_copies, peak_extra_copies FROM watch_fleet "
+            "WHERE run_id = ? ORDER BY engine",
+            (run_id,),
+        ).fetchall()
     out = []
-    for engine in sorted({s.engine for s in sources.values() if s.kind == "events"}):
-        held = [(h, owners) for (e, h), owners in result.final_holders.items() if e == engine]
-        dup = [(h, owners) for h, owners in held if len(owners) >= 2]
-        extra = sum(len(owners) - 1 for _, owners in dup)
-        sizes = [sources[s].block_size for _, owners in dup for s in list(owners)[1:]]
-        tokens = sum(sizes) if all(size is not None for size in sizes) else None
-        peak = result.peak_extra_copies.get(engine, 0)
-        out.append(Duplication(engine, len(dup), extra, tokens, peak))
+    for engine, dup, extra, peak in rows:
+        if engine not in sizes:
+            continue
+        one = sizes[engine]
+        tokens = extra * next(iter(one)) if len(one) == 1 and None not in one else None
+        out.append(Duplication(engine, dup, extra, tokens, peak))
     return out
 
 
-# --- the prefix tree -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TreeSummary:
+    engine: str
+    nodes: int  # distinct blocks ever stored
+    roots: int  # chains whose first parent was never seen stored
+    branch_points: int
+    max_depth: int
+
+
+def tree_summary(source: Source, run_id: int) -> list[TreeSummary]:
+    with connection(source) as conn:
+        rows = conn.execute(
+            "SELECT engine, tree_nodes, tree_roots, branch_points, max_depth FROM watch_fleet "
+            "WHERE run_id = ? AND tree_nodes > 0 ORDER BY engine",
+            (run_id,),
+        ).fetchall()
+    return [TreeSummary(*row) for row in rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,84 +517,23 @@ class SharedPrefix:
 
 
 def prefix_tree(source: Source, run_id: int, *, top: int = 10) -> list[SharedPrefix]:
-    """The largest shared prefixes, rebuilt from ``parent_hash`` chains of every
-    block ever stored: branch points ranked by the tokens their prefix spans
-    times the extra continuations sharing it (what prefix caching saves there)."""
+    """The largest shared prefixes of the tree rebuilt from ``parent_hash`` chains
+    of every block ever stored: branch points ranked by the tokens their prefix
+    spans times the extra continuations sharing it (what prefix caching saves)."""
+    sizes = {s.source: s.block_size for s in watch_sources(source, run_id)}
     with connection(source) as conn:
         rows = conn.execute(
-            """SELECT s.engine, b.block_hashes, b.parent_hash, b.source, s.block_size
-               FROM watch_blocks b JOIN watch_sources s
-                 ON s.run_id = b.run_id AND s.source = b.source
-               WHERE b.run_id = ? AND b.op = ?""",
-            (run_id, OP_STORED),
+            "SELECT engine, block_hash, depth_blocks, branches, subtree_blocks, sources "
+            "FROM watch_shared_prefixes WHERE run_id = ? ORDER BY rank LIMIT ?",
+            (run_id, top),
         ).fetchall()
-    out: list[SharedPrefix] = []
-    by_engine: dict[str, list[tuple]] = defaultdict(list)
-    for row in rows:
-        by_engine[row[0]].append(row[1:])
-    for engine, blocks in by_engine.items():
-        parent: dict[int, int | None] = {}
-        holders: dict[int, set[int]] = defaultdict(set)
-        block_size: dict[int, int | None] = {}
-        for hashes, par, src, size in blocks:
-            for block in json.loads(hashes):
-                parent.setdefault(block, par)
-                holders[block].add(src)
-                block_size[block] = size
-                par = block
-        children: dict[int, list[int]] = defaultdict(list)
-        for block, par in parent.items():
-            if par is not None and par != block:
-                children[par].append(block)
-        depth = _depths(parent)
-        subtree = _subtree_sizes(parent, children)
-        for block, kids in children.items():
-            if len(kids) < 2 or block not in parent:
-                continue
-            size = block_size.get(block)
-            out.append(
-                SharedPrefix(
-                    engine,
-                    block,
-                    depth[block],
-                    None if size is None else depth[block] * size,
-                    len(kids),
-                    subtree[block],
-                    tuple(sorted(holders[block])),
-                )
-            )
-    out.sort(key=lambda p: (p.depth_blocks * (p.branches - 1), p.subtree_blocks), reverse=True)
-    return out[:top]
-
-
-def _depths(parent: dict[int, int | None]) -> dict[int, int]:
-    """Blocks from the root, iteratively (chains can be thousands of blocks long);
-    a parent never seen stored counts as the root's edge."""
-    depth: dict[int, int] = {}
-    for start in parent:
-        chain = []
-        node: int | None = start
-        while node is not None and node in parent and node not in depth:
-            chain.append(node)
-            depth[node] = -1  # on the current chain: a cycle stops here
-            node = parent[node]
-        base = depth.get(node, 0) if node is not None else 0
-        base = max(base, 0)
-        for block in reversed(chain):
-            base += 1
-            depth[block] = base
-    return depth
-
-
-def _subtree_sizes(parent: dict[int, int | None], children: dict[int, list[int]]) -> dict[int, int]:
-    size = dict.fromkeys(parent, 1)
-    # Deepest first, so each child's size is final before it is added to its parent.
-    depth = _depths(parent)
-    for block in sorted(parent, key=depth.__getitem__, reverse=True):
-        par = parent[block]
-        if par is not None and par in size and par != block:
-            size[par] += size[block]
-    return size
+    out = []
+    for engine, block, depth, branches, subtree, srcs in rows:
+        held = tuple(int(s) for s in srcs.split(",") if s)
+        size = sizes.get(held[0]) if held else None
+        tokens = None if size is None else depth * size
+        out.append(SharedPrefix(engine, block, depth, tokens, branches, subtree, held))
+    return out
 
 
 # --- /metrics ----------------------------------------------------------------------------
@@ -560,16 +651,19 @@ class Incident:
     detail: str | None
 
 
-def incidents(source: Source, run_id: int) -> list[Incident]:
-    """Gaps, restarts, disconnects, bad messages and failed scrapes, in time order."""
+def incidents(source: Source, run_id: int, *, newest: int | None = None) -> list[Incident]:
+    """Gaps, restarts, disconnects, bad messages and failed scrapes, in time order
+    (only the ``newest`` ones when given: a flapping source makes thousands)."""
+    limit = -1 if newest is None else int(newest)
     with connection(source) as conn:
         origin = run_origin(conn, run_id)
         rows = conn.execute(
-            "SELECT ts_ns, source, kind, first_seq, last_seq, recovered, lost, detail "
-            "FROM watch_incidents WHERE run_id = ? ORDER BY ts_ns, rowid",
-            (run_id,),
+            "SELECT * FROM (SELECT ts_ns, source, kind, first_seq, last_seq, recovered, lost, "
+            "detail, rowid AS r FROM watch_incidents WHERE run_id = ? "
+            "ORDER BY ts_ns DESC, rowid DESC LIMIT ?) ORDER BY ts_ns, r",
+            (run_id, limit),
         ).fetchall()
-    return [Incident((row[0] - origin) / 1e9, *row[1:]) for row in rows]
+    return [Incident((row[0] - origin) / 1e9, *row[1:8]) for row in rows]
 
 
 def raw_events(source: Source, run_id: int, limit: int = 1000) -> list[dict[str, Any]]:

@@ -3,7 +3,9 @@
 Like ``db.writer`` it knows tables, not events: ``profiler.watch`` turns
 batches, incidents and scrapes into the row tuples of a ``WatchBatch``. Every
 write also refreshes the run's heartbeat, so readers tell a live watch from a
-dead one the same way they do for a run.
+dead one the same way they do for a run, and folds the block rows into the
+aggregates the views read (``db.watch_aggregates``), in the same transaction:
+a view never has to replay the raw events.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass, field
 from sqlite_utils import Database
 
 from db.schema import FINAL_STATUSES
+from db.source import run_origin
+from db.watch_aggregates import FleetState, rebuild
 from db.watch_schema import (
     BLOCK_COLUMNS,
     INCIDENT_COLUMNS,
@@ -38,6 +42,9 @@ class WatchBatch:
     # (*SOURCE_COUNTERS, source): the sources' counters as of this batch
     counters: list[tuple] = field(default_factory=list)
     model: str | None = None  # the served model, once known: the run's model if unset
+    # The hashes of each row of ``blocks`` as ints (None: parsed from the row's JSON),
+    # so the aggregates need not parse what the recorder just formatted.
+    hash_lists: list[list[int] | None] | None = None
 
 
 def _insert(table: str, columns: tuple[str, ...], run_id: int) -> str:
@@ -54,6 +61,19 @@ class WatchWriter:
         self.rows_written = 0
         db.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
         r = int(run_id)
+        has_rows = db.execute(
+            "SELECT 1 FROM watch_blocks WHERE run_id = ? LIMIT 1", (r,)
+        ).fetchone()
+        # A run written before (a resumed watch) continues from its folded state.
+        if has_rows:
+            with db.atomic():
+                self.state = rebuild(db.conn, r)
+        else:
+            self.state = FleetState(r, run_origin(db.conn, r))
+        for source, engine in db.execute(
+            "SELECT source, engine FROM watch_sources WHERE run_id = ? AND kind = 'events'", (r,)
+        ).fetchall():
+            self.state.add_source(source, engine)
         self._statements = (
             ("sources", _insert("watch_sources", SOURCE_COLUMNS, r)),
             ("blocks", _insert("watch_blocks", BLOCK_COLUMNS, r)),
@@ -71,11 +91,21 @@ class WatchWriter:
     def write(self, batch: WatchBatch, dropped_rows: int = 0) -> None:
         """Insert a batch and refresh the run's heartbeat and counters, atomically."""
         conn = self.db.conn
+        state = self.state
+        for row in batch.sources:
+            if row[1] == "events":
+                state.add_source(row[0], row[2])
         with self.db.atomic():
             for name, sql in self._statements:
                 rows = getattr(batch, name)
                 if rows:
                     conn.executemany(sql, rows)
+            if batch.blocks:
+                state.apply(batch.blocks, batch.hash_lists)
+                state.applied_rowid = conn.execute(
+                    "SELECT MAX(rowid) FROM watch_blocks"
+                ).fetchone()[0]
+            state.persist(conn)
             if batch.model is not None:
                 conn.execute(
                     "UPDATE runs SET model = ? WHERE id = ? AND model IS NULL",
@@ -93,6 +123,7 @@ class WatchWriter:
             raise ValueError(f"final status must be one of {FINAL_STATUSES}, not {status!r}")
         now = time.time()
         with self.db.atomic():
+            self.state.persist(self.db.conn, final=True)
             self.db.execute(
                 """UPDATE runs SET status = ?, ended_at = ?, heartbeat = ?, dropped_events = ?
                    WHERE id = ?""",

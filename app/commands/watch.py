@@ -126,14 +126,31 @@ def _check_url(url: str, flag: str) -> None:
 
 
 def _line(status, rate: float | None = None) -> str:
-    head = f"{status.sources} sources  " + (
-        f"{rate:,.0f} block events/s  " if rate is not None else ""
-    )
-    return (
-        f"{head}{status.block_events:,} block events  {status.batches:,} batches  "
+    """The live status line: totals, then what went wrong as it happens."""
+    parts = [f"{status.sources} source{'' if status.sources == 1 else 's'}"]
+    if rate is not None:
+        parts.append(f"{rate:,.0f} block events/s")
+    parts += [
+        f"{status.block_events:,} block events",
+        f"{status.batches:,} batches",
         f"gaps {status.gaps} (recovered {status.recovered_batches} batches, "
-        f"lost {status.lost_batches})  restarts {status.restarts}  scrapes {status.scrapes}"
-    )
+        f"lost {status.lost_batches})",
+        f"restarts {status.restarts}",
+    ]
+    if status.bad_messages:
+        parts.append(f"bad messages {status.bad_messages} ({_short(status.bad_message)})")
+    parts.append(f"scrapes {status.scrapes}")
+    if status.scrape_errors:
+        failing = f": {_short(status.scrape_error)}" if status.scrape_error else ""
+        parts.append(f"scrape errors {status.scrape_errors}{failing}")
+    if status.queued:
+        parts.append(f"queue {status.queued:,} batches, lag {status.lag_s:.1f} s")
+    return "  ".join(parts)
+
+
+def _short(text: str | None, width: int = 60) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _stop(session, final: str):
@@ -200,9 +217,9 @@ def run(args: argparse.Namespace) -> int:
                     flush=True,
                 )
             else:
-                print(
-                    ("\r" if tty else "") + _line(status, rate), end="" if tty else "\n", flush=True
-                )
+                # \x1b[K clears what a longer previous line left behind.
+                line = _line(status, rate)
+                print(f"\r{line}\x1b[K" if tty else line, end="" if tty else "\n", flush=True)
     except KeyboardInterrupt:
         final = INTERRUPTED
     except BaseException:

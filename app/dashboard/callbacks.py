@@ -24,7 +24,7 @@ from dash.exceptions import PreventUpdate
 from app.dashboard import figures, layout, long_context_page, sizing_page, table_filter, watch_page
 from db import queries
 from db.infllm import retrievals
-from db.memory_budget import measured_budget
+from db.memory_budget import budget_title, measured_budget
 from db.pages import page_state_matrix
 from db.queries import (
     RunInfo,
@@ -111,6 +111,8 @@ def _percent(fraction: float | None) -> float | None:
 def register(app: Dash, db_path: Path) -> None:
     """Attach every callback to ``app``; each opens its own read connection."""
 
+    watch_renderer = watch_page.Renderer(db_path)  # one render at a time, none when unchanged
+
     @lru_cache(maxsize=16)
     def _read(query: Callable[..., Any], run_id: int, fingerprint: str, *args: Any) -> Any:
         """A query's result while the run is unchanged (``fingerprint``: the
@@ -191,16 +193,16 @@ def register(app: Dash, db_path: Path) -> None:
     def memory_budget(run_id: int | None) -> Any:
         with queries.reader(db_path) as db:
             budget = measured_budget(db, _run(run_id))
+            config = run_info(db, _run(run_id)).config if budget is not None else {}
         if budget is None:
             return None  # recorded before the engine measured its budget
         return html.Div(
             className="card",
             children=[
-                html.H3(
-                    f"Memory budget on {budget.device} "
-                    f"({budget.memory_fraction:.0%} of {budget.device_bytes / 2**30:,.1f} GiB)"
+                html.H3(budget_title(budget, config)),
+                html.Div(
+                    className="tiles", children=layout.tiles(figures.budget_tiles(budget, config))
                 ),
-                html.Div(className="tiles", children=layout.tiles(figures.budget_tiles(budget))),
             ],
         )
 
@@ -210,8 +212,7 @@ def register(app: Dash, db_path: Path) -> None:
         Input("run", "value"),
     )
     def watch(_: dict | None, run_id: int | None) -> Any:
-        with queries.reader(db_path) as db:
-            return watch_page.render(db, _run(run_id))
+        return watch_renderer(_run(run_id))
 
     @app.callback(
         Output("long-context-note", "children"),

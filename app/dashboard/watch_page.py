@@ -1,13 +1,16 @@
 """The dashboard page of a watched vLLM/SGLang deployment (run kind ``watch``).
 
 Pure figure and table builders over ``db.watch_queries`` results (unit-tested
-without a browser), ``load`` to run the queries once per refresh, and
-``layout`` to assemble the page. Registering it in the dashboard is one page
-entry and one callback that calls ``render(db_path, run_id)``.
+without a browser), ``load`` to run the queries once per refresh (they read
+the recorder's aggregates, so a refresh costs the same at any session
+length), and ``layout`` to assemble the page. Registering it in the dashboard is one page
+entry and one callback that calls a ``Renderer``.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,11 +20,13 @@ from plotly.subplots import make_subplots
 
 from app.dashboard.figures import TABLE_STYLE
 from db import watch_queries as q
+from db.source import reader
 
 PAGE = ("watch", "Watched deployment", "/watch")
 TIME_AXIS = "time since start (s)"
 # A source's lines share its colour; the medium is the line's dash.
 MEDIUM_DASH = {"GPU": "solid", "CPU": "dot", "CPU_PINNED": "dot", "STORAGE": "dash"}
+INCIDENTS_SHOWN = 200
 SOURCE_COLORS = ("#2563eb", "#f59e0b", "#0d9488", "#e11d48", "#7c3aed", "#64748b", "#db2777")
 
 
@@ -151,10 +156,14 @@ def block_rows(stats: Sequence[q.BlockStats]) -> list[dict]:
         {
             "source": s.source,
             "cached": ", ".join(f"{m}: {n}" for m, n in sorted(s.cached.items(), key=str)) or "0",
+            "copies": ", ".join(f"{m}: {n}" for m, n in sorted(s.copies.items(), key=str)) or "0",
             "stored": s.stored,
+            "new (prefill)": s.new_blocks,
             "removed": s.removed,
             "reused (re-announced)": s.reannounced,
             "recomputed after eviction": s.recomputed,
+            "routing misses": s.routing_misses,
+            "removed unknown": s.removed_unknown,
             "cleared": s.clears,
             "restarts": s.resets,
             "lifetime p50 s": seconds(s.lifetime_p50_s),
@@ -178,6 +187,17 @@ def prefix_rows(prefixes: Sequence[q.SharedPrefix]) -> list[dict]:
         }
         for p in prefixes
     ]
+
+
+def tree_line(tree: Sequence[q.TreeSummary]) -> str:
+    return (
+        "; ".join(
+            f"{t.engine}: {t.nodes:,} blocks in the tree, {t.roots:,} roots, "
+            f"{t.branch_points:,} branch points, deepest {t.max_depth:,} blocks"
+            for t in tree
+        )
+        or "no blocks stored yet"
+    )
 
 
 def duplication_rows(dups: Sequence[q.Duplication]) -> list[dict]:
@@ -209,28 +229,118 @@ def incident_rows(incidents: Sequence[q.Incident], limit: int = 200) -> list[dic
     ]
 
 
+def _tokens(blocks: int, tokens: int | None) -> str:
+    return f"{blocks:,}" if tokens is None else f"{blocks:,} ({tokens:,} tokens)"
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
+def _rate(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.1f}"
+
+
+def miss_rows(misses: Sequence[q.Misses]) -> list[dict]:
+    """Per source and fleet-wide: prefill paid, recomputation after eviction
+    (more KV would have saved it) and routing misses (a KV-aware router would have)."""
+    return [
+        {
+            "source": "fleet" if m.source is None else m.source,
+            "engine": m.engine,
+            "prefill blocks": _tokens(m.new_blocks, m.new_tokens),
+            "recomputed after eviction": _tokens(m.recomputed, m.recomputed_tokens),
+            "recomputed tokens/s": _rate(m.per_s(m.recomputed_tokens)),
+            "recomputed share of prefill": _share(m.recomputed_share),
+            "routing misses": _tokens(m.routing_misses, m.routing_miss_tokens),
+            "routing-miss tokens/s": _rate(m.per_s(m.routing_miss_tokens)),
+            "routing share of prefill": _share(m.routing_share),
+            "both at once": m.both,
+        }
+        for m in misses
+    ]
+
+
+def misses_figure(points: Sequence[q.MissPoint]) -> go.Figure:
+    """Fleet-wide prefill, recomputation after eviction and routing misses over time."""
+    fig = _figure("Prefill paid, and what was a miss (fleet)", "blocks/s")
+    if not points:
+        return _empty(fig, "no block events recorded yet")
+    for engine in sorted({p.engine for p in points}):
+        pts = [p for p in points if p.engine == engine]
+        x = [p.t_s for p in pts]
+        fig.add_scatter(x=x, y=[p.stored_per_s for p in pts], name=f"{engine} stored", mode="lines")
+        fig.add_scatter(
+            x=x, y=[p.recomputed_per_s for p in pts], name=f"{engine} recomputed", mode="lines"
+        )
+        fig.add_scatter(
+            x=x,
+            y=[p.routing_misses_per_s for p in pts],
+            name=f"{engine} routing misses",
+            mode="lines",
+        )
+    return fig
+
+
+HISTOGRAM_TITLES = {
+    "lifetime": "lifetime (stored to removed)",
+    "idle_before_evict": "idle before eviction",
+    "reuse_gap": "reuse gap (re-announced)",
+    "restore_gap": "removal to re-store (recomputed)",
+}
+
+
+def histograms_figure(hists: dict[str, list[q.HistogramBin]]) -> go.Figure:
+    """kvscope's residency histograms from the events (every block, not a sample)."""
+    fig = make_subplots(
+        rows=1, cols=len(HISTOGRAM_TITLES), subplot_titles=list(HISTOGRAM_TITLES.values())
+    )
+    fig.update_layout(
+        template="plotly_white",
+        height=320,
+        title="Block residency from the events (all blocks)",
+        showlegend=False,
+        uirevision="watch",
+    )
+    for col, name in enumerate(HISTOGRAM_TITLES, 1):
+        bins = hists.get(name, [])
+        fig.add_bar(
+            x=[f"<{b.high_s:.3g}s" for b in bins], y=[b.count for b in bins], row=1, col=col
+        )
+    return fig
+
+
 @dataclass(frozen=True, slots=True)
 class WatchPageData:
     sources: list[q.WatchSource]
-    replay: q.Replay
+    cached_series: list[q.CachedPoint]
+    duplicate_series: list[q.DuplicatePoint]
     stats: list[q.BlockStats]
     duplication: list[q.Duplication]
     prefixes: list[q.SharedPrefix]
+    tree: list[q.TreeSummary]
+    misses: list[q.Misses]
+    miss_series: list[q.MissPoint]
+    histograms: dict[str, list[q.HistogramBin]]
     engines: list[q.EngineSeries]
     incidents: list[q.Incident]
 
 
-def load(source: q.Source, run_id: int) -> WatchPageData:
-    """Everything the page shows, queried once."""
-    result = q.replay(source, run_id)
+def load(source: q.Source, run_id: int, window: q.Window | None = None) -> WatchPageData:
+    """Everything the page shows, from the aggregates and the window shown."""
     return WatchPageData(
         q.watch_sources(source, run_id),
-        result,
-        q.block_stats(result),
-        q.duplication(source, run_id, result),
+        q.cached_series(source, run_id, window),
+        q.duplicate_series(source, run_id, window),
+        q.block_stats(source, run_id),
+        q.duplication(source, run_id),
         q.prefix_tree(source, run_id),
+        q.tree_summary(source, run_id),
+        q.misses(source, run_id),
+        q.miss_series(source, run_id, window),
+        {name: q.histogram(source, run_id, name) for name in HISTOGRAM_TITLES},
         q.engine_series(source, run_id),
-        q.incidents(source, run_id),
+        q.incidents(source, run_id, newest=INCIDENTS_SHOWN),
     )
 
 
@@ -248,13 +358,18 @@ def layout(data: WatchPageData) -> html.Div:
         [
             html.H3("Sources"),
             _table(source_rows(data.sources), "watch-sources"),
-            dcc.Graph(figure=cached_blocks_figure(data.replay.cached_series, labels)),
+            dcc.Graph(figure=cached_blocks_figure(data.cached_series, labels)),
             html.H3("Blocks per source"),
             _table(block_rows(data.stats), "watch-blocks"),
+            html.H3("Misses: more KV cache, or a better router?"),
+            _table(miss_rows(data.misses), "watch-misses"),
+            dcc.Graph(figure=misses_figure(data.miss_series)),
+            dcc.Graph(figure=histograms_figure(data.histograms)),
             html.H3("Duplicated KV across replicas"),
             _table(duplication_rows(data.duplication), "watch-duplication"),
-            dcc.Graph(figure=duplication_figure(data.replay.duplicate_series)),
+            dcc.Graph(figure=duplication_figure(data.duplicate_series)),
             html.H3("Largest shared prefixes"),
+            html.P(tree_line(data.tree)),
             _table(prefix_rows(data.prefixes), "watch-prefixes"),
             *[dcc.Graph(figure=engine_metrics_figure(series)) for series in data.engines],
             html.H3("Incidents"),
@@ -265,5 +380,27 @@ def layout(data: WatchPageData) -> html.Div:
 
 
 def render(source: q.Source, run_id: int) -> html.Div:
-    """Query and lay out the page (what a refresh callback calls)."""
+    """Query and lay out the page."""
     return layout(load(source, run_id))
+
+
+class Renderer:
+    """What the dashboard's watch callback calls: at most one render at a time (a
+    browser's overlapping refreshes wait for it and then share it), and none when
+    nothing was written since the last one (``watch_queries.version``)."""
+
+    def __init__(self, db_path: str | os.PathLike[str]) -> None:
+        self.db_path = db_path
+        self.renders = 0
+        self._lock = threading.Lock()
+        self._key: tuple | None = None
+        self._page: html.Div | None = None
+
+    def __call__(self, run_id: int) -> html.Div:
+        with self._lock, reader(self.db_path) as db:
+            key = (run_id, q.version(db, run_id))
+            if key != self._key or self._page is None:
+                self._page = render(db, run_id)
+                self._key = key
+                self.renders += 1
+            return self._page

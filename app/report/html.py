@@ -20,7 +20,7 @@ from sqlite_utils import Database
 from app.dashboard import figures, watch_page
 from app.dashboard.server import ASSETS
 from db import queries
-from db.memory_budget import measured_budget
+from db.memory_budget import budget_title, measured_budget
 from db.pages import page_state_matrix
 from db.queries import (
     gpu_series,
@@ -70,25 +70,30 @@ def report_figures(db: Database, run_id: int) -> list[tuple[go.Figure, bool]]:
     return charts
 
 
-def watch_figures(db: Database, run_id: int) -> list[tuple[go.Figure, bool]]:
-    """A watch run's charts: cached blocks, duplication, and each /metrics source."""
-    data = watch_page.load(db, run_id)
+def watch_figures(
+    db: Database, run_id: int, data: watch_page.WatchPageData | None = None
+) -> list[tuple[go.Figure, bool]]:
+    """A watch run's charts: cached blocks, misses, residency, duplication, /metrics."""
+    data = data or watch_page.load(db, run_id)
     labels = {s.source: s.label for s in data.sources}
     return [
-        (watch_page.cached_blocks_figure(data.replay.cached_series, labels), True),
-        (watch_page.duplication_figure(data.replay.duplicate_series), True),
+        (watch_page.cached_blocks_figure(data.cached_series, labels), True),
+        (watch_page.misses_figure(data.miss_series), True),
+        (watch_page.histograms_figure(data.histograms), True),
+        (watch_page.duplication_figure(data.duplicate_series), True),
         *((watch_page.engine_metrics_figure(series), True) for series in data.engines),
     ]
 
 
-def _watch_tables(db: Database, run_id: int) -> str:
-    data = watch_page.load(db, run_id)
+def _watch_tables(db: Database, run_id: int, data: watch_page.WatchPageData | None = None) -> str:
+    data = data or watch_page.load(db, run_id)
     tables = (
         ("Sources", watch_page.source_rows(data.sources)),
         ("Blocks per source", watch_page.block_rows(data.stats)),
+        ("Misses: more KV cache, or a better router?", watch_page.miss_rows(data.misses)),
         ("Duplicated KV across replicas", watch_page.duplication_rows(data.duplication)),
         ("Largest shared prefixes", watch_page.prefix_rows(data.prefixes)),
-        ("Incidents", watch_page.incident_rows(data.incidents)),
+        ("Incidents (newest)", watch_page.incident_rows(data.incidents)),
     )
     return "".join(
         f'<section class="card"><h3>{html.escape(title)}</h3>{_rows_table(rows)}</section>'
@@ -112,13 +117,11 @@ def _budget(db: Database, run_id: int) -> str:
     budget = measured_budget(db, run_id)
     if budget is None:
         return ""
-    title = (
-        f"Memory budget on {budget.device} ({budget.memory_fraction:.0%} of "
-        f"{budget.device_bytes / 2**30:,.1f} GiB)"
-    )
+    config = run_info(db, run_id).config
+    title = budget_title(budget, config)
     return (
         f'<section class="card"><h3>{html.escape(title)}</h3>'
-        f'<div class="tiles">{_tiles(figures.budget_tiles(budget))}</div></section>'
+        f'<div class="tiles">{_tiles(figures.budget_tiles(budget, config))}</div></section>'
     )
 
 
@@ -142,6 +145,7 @@ def build_html(db: Database, run_id: int) -> str:
     """The report page for one run, as a string."""
     info = run_info(db, run_id)
     watched = info.kind == "watch"
+    data = watch_page.load(db, run_id) if watched else None  # queried once for both parts
     started = dt.datetime.fromtimestamp(info.started_at, dt.timezone.utc)
     charts = "".join(
         f'<div class="card{" wide" if wide else ""}">'
@@ -152,10 +156,12 @@ def build_html(db: Database, run_id: int) -> str:
             config={"displaylogo": False, "responsive": True},
         )
         + "</div>"
-        for fig, wide in (watch_figures if watched else report_figures)(db, run_id)
+        for fig, wide in (
+            watch_figures(db, run_id, data) if watched else report_figures(db, run_id)
+        )
     )
     if watched:
-        summary = _watch_tables(db, run_id)
+        summary = _watch_tables(db, run_id, data)
     else:
         summary = (
             f'<section class="tiles">{_tiles(figures.summary_tiles(run_summary(db, run_id)))}'

@@ -48,13 +48,13 @@ def run_tables(db: Database, run_id: int) -> dict[str, Table]:
 
 def watch_tables(db: Database, run_id: int) -> dict[str, Table]:
     """A watched deployment's tables, as its dashboard page shows them."""
-    replay = wq.replay(db, run_id)
     return {
         "watch_sources": _dataclass_table(wq.WatchSource, wq.watch_sources(db, run_id)),
-        "watch_blocks": _dataclass_table(wq.BlockStats, wq.block_stats(replay)),
-        "watch_duplication": _dataclass_table(wq.Duplication, wq.duplication(db, run_id, replay)),
+        "watch_blocks": _dataclass_table(wq.BlockStats, wq.block_stats(db, run_id)),
+        "watch_duplication": _dataclass_table(wq.Duplication, wq.duplication(db, run_id)),
         "watch_prefixes": _dataclass_table(wq.SharedPrefix, wq.prefix_tree(db, run_id)),
         "watch_incidents": _dataclass_table(wq.Incident, wq.incidents(db, run_id)),
+        "watch_misses": _dataclass_table(wq.Misses, wq.misses(db, run_id)),
     }
 
 

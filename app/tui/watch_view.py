@@ -2,13 +2,16 @@
 
 Pure renderers over ``db.watch_queries`` results (tested without a terminal)
 and one widget, ``WatchView``, that re-queries the database on a timer in a
-worker thread and repaints. Registering it in the TUI is mounting
+worker thread (one at a time, and only when something was written) and
+repaints. The queries read the recorder's aggregates, so a refresh costs the
+same an hour into a busy fleet as in its first minute. Registering it in the TUI is mounting
 ``WatchView(db_path, run_id)`` when the selected run's kind is ``watch``.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -116,6 +119,26 @@ def incidents_text(incidents: Sequence[q.Incident], limit: int = 8) -> Text:
     return text
 
 
+def _miss_part(blocks: int, rate: float | None, share: float | None) -> str:
+    per_s = "" if rate is None else f" {rate:,.1f} tok/s"
+    pct = "" if share is None else f" {share:.1%} of prefill"
+    return f"{blocks:,}{per_s}{pct}"
+
+
+def misses_text(misses: Sequence[q.Misses]) -> Text:
+    """Recomputation after eviction and routing misses, fleet-wide and per source."""
+    text = Text()
+    for m in misses:
+        who = f"{m.engine} fleet" if m.source is None else f"source {m.source}"
+        recomputed = _miss_part(m.recomputed, m.per_s(m.recomputed_tokens), m.recomputed_share)
+        routing = _miss_part(m.routing_misses, m.per_s(m.routing_miss_tokens), m.routing_share)
+        text.append(
+            f"{who}: recomputed after eviction {recomputed}; routing misses {routing}\n",
+            style="bold" if m.source is None else "#8c9bb0",
+        )
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class WatchSnapshot:
     sources: list[q.WatchSource]
@@ -123,16 +146,18 @@ class WatchSnapshot:
     duplication: list[q.Duplication]
     prefixes: list[q.SharedPrefix]
     incidents: list[q.Incident]
+    misses: list[q.Misses]
 
 
 def snapshot(source: q.Source, run_id: int) -> WatchSnapshot:
-    result = q.replay(source, run_id, points=1)
+    """What the view shows, from the recorder's aggregates (no raw events read)."""
     return WatchSnapshot(
         q.watch_sources(source, run_id),
-        q.block_stats(result),
-        q.duplication(source, run_id, result),
+        q.block_stats(source, run_id),
+        q.duplication(source, run_id),
         q.prefix_tree(source, run_id, top=5),
-        q.incidents(source, run_id),
+        q.incidents(source, run_id, newest=8),
+        q.misses(source, run_id),
     )
 
 
@@ -140,28 +165,56 @@ def render(snap: WatchSnapshot) -> RenderableType:
     return Group(
         sources_table(snap.sources),
         blocks_table(snap.stats),
+        misses_text(snap.misses),
         fleet_text(snap.duplication, snap.prefixes),
         incidents_text(snap.incidents),
     )
 
 
 class WatchView(Static):
-    """A watch run, refreshed every ``REFRESH_S`` from the database."""
+    """A watch run, refreshed every ``REFRESH_S`` from the database.
+
+    One refresh at a time: a tick that finds the previous one still running is
+    skipped, and one that finds nothing new (``watch_queries.version``) costs
+    one small query and no repaint.
+    """
 
     def __init__(self, db_path: str | os.PathLike[str], run_id: int, **kwargs) -> None:
         super().__init__("loading…", **kwargs)
         self.db_path = db_path
         self.run_id = run_id
         self.snapshot: WatchSnapshot | None = None  # the one shown
+        self.shown_version: tuple | None = None
+        self.refreshes = 0  # snapshots taken (what a finished run stops doing)
+        self._busy = threading.Lock()
 
     def on_mount(self) -> None:
-        self.reload()
-        self.set_interval(REFRESH_S, self.reload)
+        self.tick()
+        self.set_interval(REFRESH_S, self.tick)
 
-    @work(thread=True, exclusive=True)
+    def tick(self) -> None:
+        if self._busy.acquire(blocking=False):
+            self.reload()
+
+    @work(thread=True)
     def reload(self) -> None:
-        snap = snapshot(self.db_path, self.run_id)  # off the UI thread: replay reads the table
-        self.app.call_from_thread(self._show, snap)
+        try:
+            snap = self.refresh_snapshot()
+        finally:
+            self._busy.release()
+        if snap is not None:
+            self.app.call_from_thread(self._show, snap)
+
+    def refresh_snapshot(self) -> WatchSnapshot | None:
+        """A new snapshot when the database changed since the one shown, else None."""
+        with q.connection(self.db_path) as conn:
+            version = q.version(conn, self.run_id)
+            if version == self.shown_version:
+                return None
+            snap = snapshot(conn, self.run_id)
+        self.shown_version = version
+        self.refreshes += 1
+        return snap
 
     def _show(self, snap: WatchSnapshot) -> None:
         self.snapshot = snap

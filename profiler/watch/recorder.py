@@ -32,6 +32,7 @@ from profiler.watch.subscriber import Stream
 from profiler.watch.wire import EventBatch
 
 log = logging.getLogger(__name__)
+PRESSURE_SOURCE = -1  # watch_metrics.source of kvscope's own queue depth and lag
 
 
 class WatchRecorder:
@@ -83,6 +84,8 @@ class WatchRecorder:
         self._model_pending = False
         self.dropped_rows = 0
         self.error: Exception | None = None
+        self.last_bad_message: str | None = None
+        self._pressure_shown: tuple | None = None
 
     def ts_ns(self, engine_ts: float) -> int:
         """An engine's wall-clock timestamp on this run's clock (``start_ns`` origin)."""
@@ -151,6 +154,8 @@ class WatchRecorder:
         lost: int = 0,
         detail: str | None = None,
     ) -> None:
+        if kind == "bad_message":
+            self.last_bad_message = detail or "undecodable"
         self._incidents.append(
             (source, now_ns(), kind, first_seq, last_seq, recovered, lost, detail)
         )
@@ -167,6 +172,17 @@ class WatchRecorder:
     @property
     def queued(self) -> int:
         return len(self._batches)
+
+    @property
+    def lag_s(self) -> float:
+        """How long the oldest batch waiting to be written has waited (by the
+        engine's clock): what back-pressure looks like before anything is lost."""
+        try:
+            oldest = self._batches[0][2]
+        except IndexError:
+            return 0.0
+        ts = oldest if isinstance(oldest, float) else oldest.ts
+        return max(0.0, time.time() - ts)
 
     @property
     def block_events(self) -> int:
@@ -202,17 +218,32 @@ class WatchRecorder:
             batch.metrics.extend(rows)
         if self._model_pending:
             batch.model, self._model_pending = self._model, False
+        depth, lag = len(self._batches), self.lag_s
+        pressure = (depth, round(lag, 1))
+        if pressure != self._pressure_shown and (depth or self._pressure_shown):
+            # Back-pressure for the dashboard, only when it changes (an idle watch
+            # writes nothing, so its views have nothing new to draw).
+            self._pressure_shown = pressure
+            stamp = now_ns()
+            batch.metrics += [
+                (PRESSURE_SOURCE, stamp, "kvscope:watch_queue_batches", "", float(depth)),
+                (PRESSURE_SOURCE, stamp, "kvscope:watch_lag_seconds", "", lag),
+            ]
         pending = self._take(self._batches)
         self._room.set()
         ts_ns = self.ts_ns
         attrs = self._attrs
+        batch.hash_lists = hash_lists = []
         for index, seq, events in pending:
             if isinstance(events, float):
                 stamp = ts_ns(events) - 1  # just before the new engine's first batch
                 batch.blocks.append((index, None, stamp, OP_RESET, None, None, None, None, 0))
+                hash_lists.append(None)
             else:
                 stamp = ts_ns(events.ts)
-                batch_rows(index, seq, stamp, events, attrs[index], batch.blocks, batch.raw)
+                batch_rows(
+                    index, seq, stamp, events, attrs[index], batch.blocks, batch.raw, hash_lists
+                )
         batch.counters = [self._counters(stream) for stream in list(self._streams.values())]
         try:
             self._writer.write(batch, self.dropped_rows)

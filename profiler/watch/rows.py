@@ -55,10 +55,13 @@ def batch_rows(
     attrs: SourceAttrs,
     blocks: list[tuple],
     raw: list[tuple],
+    hash_lists: list[list[int] | None],
 ) -> None:
-    """Append ``batch``'s rows to ``blocks`` and ``raw``; note its attributes in ``attrs``."""
+    """Append ``batch``'s rows to ``blocks`` and ``raw``, each block row's hashes to
+    ``hash_lists`` (for the aggregates); note its attributes in ``attrs``."""
     # Runs once per event at fleet rates: locals, no helper calls, no tuple unpacking.
     add = blocks.append
+    keep = hash_lists.append
     block_events = 0
     for event in batch.events:
         kind = event.type
@@ -70,6 +73,7 @@ def batch_rows(
             medium = event.medium
             add((source, seq, ts_ns, OP_STORED, repr(hashes).replace(" ", ""),
                  event.parent_block_hash, medium, event.group_idx, len(hashes)))  # fmt: skip
+            keep(hashes)
             block_events += len(hashes)
             if event.block_size is not None:
                 attrs.block_size = event.block_size
@@ -83,7 +87,9 @@ def batch_rows(
             hashes = event.block_hashes
             add((source, seq, ts_ns, OP_REMOVED, repr(hashes).replace(" ", ""), None,
                  event.medium, event.group_idx, len(hashes)))  # fmt: skip
+            keep(hashes)
             block_events += len(hashes)
         elif kind == ALL_BLOCKS_CLEARED:
             add((source, seq, ts_ns, OP_CLEARED, None, None, None, None, 0))
+            keep(None)
     attrs.block_events += block_events

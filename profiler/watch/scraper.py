@@ -52,18 +52,24 @@ class Scraper:
         self._thread: threading.Thread | None = None
         self._failing: set[int] = set()
         self.scrapes = 0
+        self.errors = 0  # failed scrapes, every one (the incidents count outages)
+        self.last_error: str | None = None  # while a target is failing, why
 
     def scrape_once(self) -> None:
         for source, url in self._targets:
             try:
                 rows = sample_rows(source, now_ns(), fetch_text(url))
             except (OSError, ValueError, urllib.error.URLError) as exc:
+                self.errors += 1
+                self.last_error = f"{url}: {getattr(exc, 'reason', None) or exc}"
                 # One incident per outage, not one per interval.
                 if source not in self._failing:
                     self._failing.add(source)
                     self._on_error(source, f"{url}: {exc}")
                 continue
             self._failing.discard(source)
+            if not self._failing:
+                self.last_error = None
             self.scrapes += 1
             self._on_rows(rows)
 

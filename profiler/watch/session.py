@@ -33,9 +33,30 @@ class WatchStatus:
     scrapes: int
     queued: int
     rows_written: int
+    scrape_errors: int = 0
+    scrape_error: str | None = None  # the latest, while a /metrics target is failing
+    bad_message: str | None = None  # the latest bad message's reason
+    lag_s: float = 0.0  # age of the oldest batch waiting to be written
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def source_count(streams: list) -> int:
+    """Sources as a user counts them: a listening socket's own stream (its bad
+    messages and connections) is one only until an engine's stream arrives on it."""
+    counted = 0
+    idle_listen: set[int] = set()
+    busy_listen: set[int] = set()
+    for s in streams:
+        if not s.spec.listen:
+            counted += 1
+        elif s.batches:
+            counted += 1
+            busy_listen.add(id(s.spec))
+        else:
+            idle_listen.add(id(s.spec))
+    return counted + len(idle_listen - busy_listen)
 
 
 class WatchSession:
@@ -86,7 +107,7 @@ class WatchSession:
     def status(self) -> WatchStatus:
         streams = self.subscriber.streams
         return WatchStatus(
-            sources=len(streams),
+            sources=source_count(streams),
             batches=sum(s.batches for s in streams),
             events=sum(s.events for s in streams),
             block_events=self.recorder.block_events,
@@ -99,6 +120,10 @@ class WatchSession:
             scrapes=self.scraper.scrapes,
             queued=self.recorder.queued,
             rows_written=self.recorder.rows_written,
+            scrape_errors=self.scraper.errors,
+            scrape_error=self.scraper.last_error,
+            bad_message=self.recorder.last_bad_message,
+            lag_s=self.recorder.lag_s,
         )
 
     def stop(self, status: str = COMPLETE) -> WatchStatus:

@@ -170,7 +170,7 @@ def test_recording_reconciles_with_vllm(tmp_path: Path, vllm_server: dict) -> No
     ]
     assert recorded == plain.blocks and len(recorded) > 0
     assert (status.gaps, status.lost_batches, status.bad_messages) == (0, 0, 0)
-    (stats,) = q.block_stats(q.replay(db, session.run_id))
+    (stats,) = q.block_stats(db, session.run_id)
     assert stats.removed > 0  # 10 blocks for 8 prompts of 4+ blocks: evictions happened
     assert hits > 0
     assert stats.reannounced * BLOCK_SIZE == hits  # report mode full re-announces every hit block

@@ -33,13 +33,13 @@ def _text(renderable) -> str:
 def test_dashboard_figures_draw_the_query_numbers(recording) -> None:
     path, run_id = recording
     data = watch_page.load(path, run_id)
-    fig = watch_page.cached_blocks_figure(data.replay.cached_series, {0: "zero"})
+    fig = watch_page.cached_blocks_figure(data.cached_series, {0: "zero"})
     traces = {t.name: t for t in fig.data}
-    gpu = [p for p in data.replay.cached_series if p.source == 0 and p.medium == "GPU"]
+    gpu = [p for p in data.cached_series if p.source == 0 and p.medium == "GPU"]
     assert list(traces["zero GPU"].y) == [p.blocks for p in gpu]
     assert list(traces["zero GPU"].x) == [p.t_s for p in gpu]
     assert max(traces["zero CPU"].y) == 1
-    dup = watch_page.duplication_figure(data.replay.duplicate_series)
+    dup = watch_page.duplication_figure(data.duplicate_series)
     assert {t.name for t in dup.data} == {"vllm", "sglang"}
     assert max(next(t for t in dup.data if t.name == "vllm").y) == 2
 
@@ -183,6 +183,7 @@ def test_report_on_a_watch_run(recording, tmp_path) -> None:
         "watch_duplication",
         "watch_prefixes",
         "watch_incidents",
+        "watch_misses",
     }
     blocks = document["tables"]["watch_blocks"]
     assert (blocks[0]["stored"], blocks[0]["reannounced"], blocks[0]["recomputed"]) == (8, 1, 1)

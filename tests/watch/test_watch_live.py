@@ -150,7 +150,7 @@ def test_restart_resets_the_source(tmp_path: Path, publishers) -> None:
     kinds = [i.kind for i in q.incidents(db, session.run_id)]
     assert kinds.count("restart") == 1 and "disconnected" in kinds
     assert kinds.count("connected") == 2
-    (stats,) = q.block_stats(q.replay(db, session.run_id))
+    (stats,) = q.block_stats(db, session.run_id)
     assert stats.resets == 1 and stats.cached == {"GPU": 2}  # the old engine's 5 are gone
 
 

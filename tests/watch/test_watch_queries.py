@@ -12,33 +12,57 @@ from db.writer import create_run
 
 def test_block_stats(recording) -> None:
     path, run_id = recording
-    result = q.replay(path, run_id)
-    first, second, third = q.block_stats(result)
+    first, second, third = q.block_stats(path, run_id)
     assert (first.stored, first.removed, first.reannounced, first.recomputed) == (8, 1, 1, 1)
     assert (first.clears, first.resets, first.removed_unknown) == (1, 0, 0)
-    assert first.cached == {"GPU": 1}  # only E after the clear
+    assert first.cached == {"GPU": 1} == first.copies  # only E after the clear
     assert (first.lifetime_count, first.lifetime_mean_s) == (1, 2.0)  # A: stored 1 s, removed 3 s
+    # The quantiles come from quarter-octave bins: 2 s lies in [1.72, 2.05) s.
+    assert 1.72 <= first.lifetime_p50_s <= 2.05
     assert second.cached == {"GPU": 2} and third.cached == {"GPU": 1}
+    # New blocks are prefill paid: A, B, C, D, A again, E on source 0 (B's CPU copy
+    # and C's re-announcement are not); both of source 1's were held by source 0.
+    assert (first.new_blocks, first.routing_misses) == (6, 1)
+    assert (second.new_blocks, second.routing_misses) == (2, 2)
+    assert (third.new_blocks, third.routing_misses) == (1, 0)  # sglang: another kind
+
+
+def test_misses_per_source_and_fleet(recording) -> None:
+    path, run_id = recording
+    rows = {(m.engine, m.source): m for m in q.misses(path, run_id)}
+    fleet = rows[("vllm", None)]
+    assert (fleet.new_blocks, fleet.recomputed, fleet.routing_misses, fleet.both) == (8, 1, 3, 1)
+    assert (fleet.recomputed_tokens, fleet.routing_miss_tokens) == (16, 48)
+    assert fleet.span_s == 8.0 and fleet.per_s(fleet.routing_miss_tokens) == 6.0
+    assert fleet.routing_share == 3 / 8
+    assert rows[("sglang", None)].routing_misses == 0
+    (restore,) = q.histogram(path, run_id, "restore_gap")  # A: removed at 3 s, back at 4 s
+    assert restore.count == 1 and restore.low_s <= 1.0 < restore.high_s
 
 
 def test_cached_series_by_medium(recording) -> None:
     path, run_id = recording
-    series = q.replay(path, run_id).cached_series
+    series = q.cached_series(path, run_id)
+    # One point per 1-s bucket, at its end: the blocks held after its last event.
     at = {(p.t_s, p.source, p.medium): p.blocks for p in series}
-    assert at[(2.5, 0, "GPU")] == 4 and at[(2.5, 0, "CPU")] == 1
-    assert at[(3.0, 0, "GPU")] == 3
-    assert at[(6.0, 0, "GPU")] == 0 and at[(6.0, 0, "CPU")] == 0  # AllBlocksCleared
-    assert at[(7.0, 0, "GPU")] == 1
+    assert at[(2.0, 0, "GPU")] == 3
+    assert at[(3.0, 0, "GPU")] == 4 and at[(3.0, 0, "CPU")] == 1
+    assert at[(4.0, 0, "GPU")] == 3
+    assert at[(7.0, 0, "GPU")] == 0 and at[(7.0, 0, "CPU")] == 0  # AllBlocksCleared
+    assert at[(8.0, 0, "GPU")] == 1
+    # A window reads only its buckets.
+    shown = q.cached_series(path, run_id, q.Window(3.0, 4.0))
+    assert {p.t_s for p in shown} == {4.0, 5.0}
 
 
 def test_duplicates_across_replicas_of_one_engine_kind(recording) -> None:
     path, run_id = recording
-    result = q.replay(path, run_id)
-    extra = {p.t_s: p.extra_copies for p in result.duplicate_series if p.engine == "vllm"}
+    series = q.duplicate_series(path, run_id)
+    extra = {p.t_s: p.extra_copies for p in series if p.engine == "vllm"}
     # A and B on both vLLM replicas; B's CPU copy on source 0 is not another replica.
-    assert extra[1.5] == 2 and extra[2.5] == 2 and extra[3.0] == 1 and extra[4.0] == 2
+    assert extra[2.0] == 2 and extra[3.0] == 2 and extra[4.0] == 1 and extra[5.0] == 2
     assert extra[7.0] == 0  # source 0 cleared its cache
-    sglang, vllm = q.duplication(path, run_id, result)
+    sglang, vllm = q.duplication(path, run_id)
     assert (vllm.engine, vllm.duplicated_blocks, vllm.extra_copies, vllm.peak_extra_copies) == (
         "vllm",
         0,
@@ -53,6 +77,8 @@ def test_prefix_tree_from_parent_chains(recording) -> None:
     (top,) = q.prefix_tree(path, run_id)
     assert (top.engine, top.block_hash, top.depth_blocks, top.prefix_tokens) == ("vllm", B, 2, 32)
     assert (top.branches, top.subtree_blocks, top.sources) == (2, 3, (0, 1))
+    tree = {t.engine: t for t in q.tree_summary(path, run_id)}
+    assert (tree["vllm"].nodes, tree["vllm"].branch_points, tree["vllm"].max_depth) == (5, 1, 3)
 
 
 def test_block_hashes_view_rebuilds_parents(recording) -> None:
