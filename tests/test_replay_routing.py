@@ -16,9 +16,16 @@ order A A B B A B over two replicas, capacity unlimited:
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from app.cli import main
 from engine.errors import KvscopeError
+from engine.events import EventBus
+from engine.eviction import Belady
+from engine.page_pool import PagePool
+from engine.radix_cache import RadixCache
 from engine.replay.driver import ReplayConfig
 from engine.replay.routing import replay_replicas
 from engine.replay.traces import ReplayTrace, TraceEntry
@@ -62,3 +69,76 @@ def test_capacity_is_split_over_the_replicas():
         replay_replicas(TRACE, ReplayConfig(capacity_tokens=6, page_size=4), 2, "round-robin")
     with pytest.raises(KvscopeError, match="routing must be one of"):
         replay_replicas(TRACE, CONFIG, 2, "random")
+
+
+class _Future(list):
+    """Token ids whose pages are all next needed at request ``use`` (belady's key)."""
+
+    def __init__(self, tokens: list[int], use: int) -> None:
+        super().__init__(tokens)
+        self.use = use
+
+    def next_use(self, page: int) -> int:
+        return self.use
+
+
+def test_eviction_survives_a_heap_rebuild_in_the_middle_of_it():
+    """Found by prefix-aware routing under belady: an eviction whose refresh rebuilt the
+    heap went on popping the old list, ran out, and raised IndexError."""
+    pool = PagePool(200, 2)
+    cache = RadixCache(pool, EventBus(), Belady())
+    # G -> P -> 40 leaves: evicting the last leaf exposes P, evicting P exposes G.
+    requests = [[1, 2, 3, 4, 10 + 2 * i, 11 + 2 * i, 99] for i in range(40)]
+    use = 0
+
+    def visit(tokens: list[int]) -> None:
+        nonlocal use
+        use += 1
+        pages, _ = cache.match(_Future(tokens, use))
+        pages += pool.allocate(3 - len(pages))
+        cache.insert(tokens[:6], pages)
+        cache.release(pages)
+
+    for tokens in requests:
+        visit(tokens)
+    # Re-key the leaves (each visit leaves a stale heap entry behind, keyed later than
+    # every live one) up to the rebuild threshold.
+    i = 0
+    while len(cache._heap) < 2 * len(cache._evictable) + 64:
+        visit(requests[i % 40])
+        i += 1
+    assert cache.evict(1000) == 42
+    cache.check_integrity()
+
+
+def test_kvscope_replay_replicas_prints_and_returns_the_routings(capsys, tmp_path):
+    path = tmp_path / "shared.jsonl"
+    lines = [
+        json.dumps({"timestamp": i, "input_length": 12, "output_length": 2, "hash_ids": b})
+        for i, b in enumerate(BLOCKS)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    argv = ["replay", str(path), "--block-size", "4", "--capacity", "24"]
+    argv += ["--eviction-policy", "lru", "--replicas", "2", "--quiet", "--workers", "1"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    got = {(r["capacity_tokens"], r["routing"]): r["hit_tokens"] for r in out["replicas"]}
+    # At 12 tokens (3 pages) a replica, round-robin's replica 0 holds B1 when A3 comes:
+    # only B3 (after B2 on replica 1) hits.
+    assert got == {
+        (24, "round-robin"): 8,
+        (24, "prefix-aware"): 32,
+        (None, "round-robin"): 16,
+        (None, "prefix-aware"): 32,
+    }
+    unlimited = next(p for p in out["points"] if p["capacity_tokens"] is None)
+    # One engine, unlimited: A2, B2, A3, B3 hit 8 each; every request's last token and
+    # its own block (cold) miss: 72 - 32 = 40 missed, 6 of them last tokens.
+    assert unlimited["miss_reasons"]["last_token"] == 6
+    assert unlimited["miss_reasons"]["cold"] == 34
+    assert main([*argv, "--routing", "least-loaded"]) == 0
+    text = capsys.readouterr().out
+    assert "Why missed tokens missed" in text and "2 replicas" in text
+    assert "least-loaded" in text
+    assert main([*argv, "--routing", "random"]) == 2
+    assert "unknown routing 'random'" in capsys.readouterr().err

@@ -35,6 +35,7 @@ from engine.events import EventBus
 from engine.eviction import POLICIES
 from engine.presets import DEVICES, MODELS, device_preset, model_preset
 from engine.replay.driver import TIMINGS, ReplayConfig, ReplayResult
+from engine.replay.routing import ROUTINGS, replay_replicas
 from engine.replay.sweep import default_workers, run_sweep, sweep_configs
 from engine.replay.traces import FORMATS, ReplayTrace, is_database, read_replay_trace
 from engine.sizing import GIB, KV_DTYPES, MemoryBudget, weight_bytes
@@ -118,6 +119,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--preemption", choices=("recompute", "swap"), default="recompute")
     c.add_argument(
         "--cache-outputs", action="store_true", help="also cache pages holding output tokens"
+    )
+    r = parser.add_argument_group("replicas")
+    r.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="split each capacity over N engines and route each request (default 1)",
+    )
+    r.add_argument(
+        "--routing",
+        default="round-robin,prefix-aware",
+        help=f"with --replicas: comma list of {', '.join(ROUTINGS)} (default round-robin,prefix-aware)",
     )
     tm = parser.add_argument_group("time")
     tm.add_argument("--timing", choices=TIMINGS, default="sequential")
@@ -441,6 +454,7 @@ def run(args: argparse.Namespace) -> int:
                 "hit_rate": result.hit_rate,
                 "run_id": run_id,
                 **{k: v for k, v in result.summary().items() if k not in ("hit_rate", "extra")},
+                "miss_reasons": result.extra.get("miss_reasons"),
             }
         )  # fmt: skip
     ceilings = {r["page_size"]: r["hit_rate"] for r in rows if r["capacity_tokens"] is None}
@@ -449,6 +463,7 @@ def run(args: argparse.Namespace) -> int:
         answer([r for r in rows if r["page_size"] == ps], c, first, trace, first.eviction_policy)
         for ps, c in ceilings.items()
     ]
+    replicated = replica_rows(args, trace, points) if args.replicas > 1 else []
     if args.plot:
         from app.commands.simulate import write_plot
 
@@ -471,12 +486,18 @@ def run(args: argparse.Namespace) -> int:
                     "points": rows,
                     "ceilings": {str(k): v for k, v in ceilings.items()},
                     "answers": answers,
+                    "replicas": replicated,
                 },
                 indent=2,
             )
         )
         return 0
     print(table(rows, args.timing == "roofline"))
+    print()
+    print(miss_table(rows))
+    if replicated:
+        print()
+        print(replica_table(replicated, rows))
     for a in answers:
         print()
         print(answer_text(a, first))
@@ -517,3 +538,97 @@ def table(rows: list[dict[str, Any]], roofline: bool) -> str:
 
 def _secs(s: float | None) -> str:
     return "" if s is None else f"{s:.3g} s"
+
+
+# --- why tokens missed, and several replicas ---------------------------------------------
+
+
+def miss_table(rows: list[dict[str, Any]]) -> str:
+    """Why the prompt tokens each point missed missed (engine/miss_reasons.py), as shares."""
+    from db.miss_reasons import REASONS
+
+    out = []
+    for r in sorted(rows, key=lambda r: (r["capacity_tokens"] is None, r["capacity_tokens"] or 0)):
+        m = r.get("miss_reasons")
+        if not m:
+            continue
+        missed = m["cold"] + m["capacity"] + m["granularity"] + m["last_token"]
+        shares = [f"{m[name] / missed:.1%}" if missed else "" for name, _ in REASONS]
+        age = m["capacity_age_steps"] / m["capacity_pages"] if m["capacity_pages"] else None
+        out.append(
+            [
+                _tokens_text(r["capacity_tokens"]),
+                r["policy"] if r["capacity_tokens"] is not None else "",
+                f"{r['page_size']}",
+                *shares,
+                "" if age is None else f"{age:,.0f}",
+            ]
+        )
+    header = ["capacity", "policy", "page", *(label for _, label in REASONS), "evicted ago"]
+    return (
+        "Why missed tokens missed (share of missed tokens; 'evicted ago': mean engine "
+        "steps between a capacity page's eviction and its next use)\n" + format_table(out, header)
+    )
+
+
+def replica_rows(
+    args: argparse.Namespace, trace: ReplayTrace, points: list[ReplayConfig]
+) -> list[dict[str, Any]]:
+    """Each capacity point of the sweep again over ``--replicas`` engines, per routing."""
+    routings = _list(args.routing)
+    for name in routings:
+        if name not in ROUTINGS:
+            raise KvscopeError(f"unknown routing {name!r}; choose from {', '.join(ROUTINGS)}")
+    out = []
+    for config in points:
+        for name in routings:
+            result = replay_replicas(trace, config, args.replicas, name)
+            out.append(
+                {
+                    "capacity_tokens": config.capacity_tokens,
+                    "policy": config.eviction_policy,
+                    "page_size": config.page_size,
+                    **result.summary(),
+                }
+            )
+            if not args.quiet:
+                print(
+                    f"kvscope replay: {args.replicas} replicas, {name}, "
+                    f"{_tokens_text(config.capacity_tokens)} {config.eviction_policy}: "
+                    f"{result.hit_rate:.1%} hit ({result.wall_s:.1f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return out
+
+
+def replica_table(replicated: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    """Hit rate per routing beside one engine of the whole capacity, and duplication."""
+    one = {(r["capacity_tokens"], r["policy"], r["page_size"]): r["hit_rate"] for r in rows}
+    out = [
+        [
+            _tokens_text(r["capacity_tokens"]),
+            r["policy"],
+            r["routing"],
+            f"{r['hit_rate']:.1%}",
+            f"{one[(r['capacity_tokens'], r['policy'], r['page_size'])]:.1%}",
+            f"{r['duplicated_blocks']:,.0f}",
+            f"{r['duplicated_share']:.1%}",
+        ]
+        for r in replicated
+    ]
+    n = replicated[0]["replicas"]
+    header = [
+        "capacity",
+        "policy",
+        "routing",
+        f"{n} replicas",
+        "1 engine",
+        "dup blocks",
+        "dup share",
+    ]
+    return (
+        f"{n} replicas, each 1/{n} of the capacity ('dup blocks': prefixes cached on more "
+        "than one replica, mean over the replay; 'dup share': cached pages that are such copies)\n"
+        + format_table(out, header)
+    )
