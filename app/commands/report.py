@@ -3,28 +3,37 @@
 html: one self-contained file (opens offline) with the summary and main charts.
 trace: Chrome Trace Event JSON; open it at ui.perfetto.dev or chrome://tracing.
 csv: a directory with one CSV per table. json: every table in one file.
+mooncake: the run's requests as a Mooncake-format trace (page-level hash ids of
+each prompt), for ``kvscope replay --block-size PAGE`` at other capacities.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from app.db_argument import add_db_argument, db_path
 
-FORMATS = ("html", "trace", "csv", "json")
+FORMATS = ("html", "trace", "csv", "json", "mooncake")
 
 
 def default_output(run_id: int, fmt: str) -> Path:
-    suffix = {"html": ".html", "trace": ".trace.json", "csv": "-csv", "json": ".json"}[fmt]
+    suffix = {
+        "html": ".html",
+        "trace": ".trace.json",
+        "csv": "-csv",
+        "json": ".json",
+        "mooncake": ".mooncake.jsonl",
+    }[fmt]
     return Path(f"kvscope-run{run_id}{suffix}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
-        help="export a run: self-contained HTML, Perfetto trace, CSV or JSON",
+        help="export a run: self-contained HTML, Perfetto trace, CSV, JSON or a Mooncake trace",
         description=__doc__,
     )
     add_db_argument(p, positional=True, help="the database to export from")
@@ -50,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
     with reader(db_path(args)) as db:
         run_id = choose_run(db, args.run)
         out = args.output or default_output(run_id, args.format)
-        if args.format == "csv":
+        if args.format == "mooncake":
+            from app.report.mooncake import write_mooncake
+
+            block = write_mooncake(db_path(args), run_id, out)
+            print(f"kvscope report: replay it with --block-size {block}", file=sys.stderr)
+        elif args.format == "csv":
             write_csv(db, run_id, out)
         elif args.format == "json":
             write_json(db, run_id, out)
