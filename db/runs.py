@@ -20,8 +20,9 @@ from typing import Any
 from db import formulas
 from db.events import prefix_tokens
 from db.formulas import RunSummary, RunTotals
+from db.requests import request_progress
 from db.schema import INCOMPLETE, RUNNING
-from db.source import Source, connection, kinds_sql, run_origin
+from db.source import Position, Source, connection, kinds_sql, run_origin
 from engine.errors import KvscopeError
 from engine.events import PageEvicted, PageOffloaded, PageReloaded, RequestPreempted
 from engine.presets import Device, device_preset
@@ -256,7 +257,7 @@ def run_summary(source: Source, run_id: int) -> RunSummary:
                FROM requests WHERE run_id = ?""",
             (run_id,),
         ).fetchone()
-        totals.output_tokens = output_tokens or 0
+        totals.output_tokens = (output_tokens or 0) + _unfinished_tokens(conn, run_id)
         totals.ttfts = [
             row[0]
             for row in conn.execute(
@@ -300,6 +301,27 @@ def run_summary(source: Source, run_id: int) -> RunSummary:
         if info.kind == "simulation":
             _simulation_totals(conn, run_id, info, totals)
     return formulas.summarize(run_id, info.status, totals)
+
+
+def _unfinished_tokens(conn: Any, run_id: int) -> int:
+    """Output tokens of requests that had not finished by the run's last step (an
+    interrupted run): the tokens the progress line counted, derived from their
+    events as the TUI derives them (db.requests.request_progress)."""
+    ids = [
+        rid
+        for (rid,) in conn.execute(
+            """SELECT request_id FROM requests WHERE run_id = ? AND finished_ns IS NULL
+               AND first_token_ns IS NOT NULL""",
+            (run_id,),
+        )
+    ]
+    last = conn.execute(
+        "SELECT step, ts_ns FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1", (run_id,)
+    ).fetchone()
+    if not ids or last is None:
+        return 0
+    progress = request_progress(conn, Position(run_id, last[0], last[1]), ids)
+    return sum(p.output_tokens for p in progress.values())
 
 
 def _simulation_totals(conn: Any, run_id: int, info: RunInfo, totals: RunTotals) -> None:

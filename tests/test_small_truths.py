@@ -42,3 +42,22 @@ def test_a_fixed_kv_budget_is_not_compared_with_calc(tmp_path):
     sized = {"kv_budget_bytes": None, "memory_fraction": 0.9}
     assert "(90% of" in budget_title(budget, sized)
     assert "measured / predicted" in budget_tiles(budget, sized)[-1].detail
+
+
+def test_an_interrupted_runs_summary_counts_unfinished_requests_tokens(tmp_path):
+    bus = EventBus()
+    engine = tiny_engine(64, bus=bus)
+    recorder = Recorder(tmp_path / "r.db", {}, model="tiny")
+    bus.subscribe(recorder.on_event)
+    recorder.start()
+    for n in (6, 40, 40):
+        engine.add_request(list(range(1, 9)), SamplingParams(max_tokens=n, ignore_eos=True))
+    while not any(r.is_finished for r in engine.requests.values()):
+        engine.step()
+    for _ in range(5):  # the others keep decoding, then Ctrl-C
+        engine.step()
+    summary = recorder.finish("interrupted")
+    unfinished = [r for r in engine.requests.values() if not r.is_finished]
+    assert unfinished and all(r.output_ids for r in unfinished)
+    assert summary.output_tokens == engine.total_output_tokens
+    assert summary.requests_finished == 1
