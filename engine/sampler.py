@@ -57,13 +57,25 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> list[int]:
-    """One token per row of ``logits`` [R, vocab]."""
-    out = logits.argmax(-1).tolist()
-    for i, p in enumerate(params):
-        if p.greedy:
-            continue
-        # On the CPU with the request's own generator: the same seed draws the same
-        # tokens on every device.
-        row = _filter(logits[i].float().cpu() / p.temperature, p.top_k, p.top_p)
+    """One token per row of ``logits`` [R, vocab].
+
+    The step's one device-to-host read: the greedy tokens, and with them (in the
+    same copy) the logits of the rows that draw, which are sampled on the CPU with
+    the request's own generator, so the same seed draws the same tokens on every
+    device.
+    """
+    greedy = logits.argmax(-1)
+    drawn = [i for i, p in enumerate(params) if not p.greedy]
+    if not drawn:
+        return greedy.tolist()
+    index = torch.tensor(drawn).to(logits.device, non_blocking=True)
+    rows = logits.index_select(0, index).float()
+    # Token ids below 2**24 are exact in fp32, so both travel in one fp32 tensor.
+    host = torch.cat([greedy.float(), rows.flatten()]).cpu()
+    out = [int(t) for t in host[: len(params)].tolist()]
+    rows = host[len(params) :].view(len(drawn), -1)
+    for j, i in enumerate(drawn):
+        p = params[i]
+        row = _filter(rows[j] / p.temperature, p.top_k, p.top_p)
         out[i] = int(torch.multinomial(row.softmax(-1), 1, generator=generators[i]).item())
     return out
