@@ -148,6 +148,12 @@ def _line(status, rate: float | None = None) -> str:
     return "  ".join(parts)
 
 
+def _live(line: str, tty: bool) -> str:
+    """The line as printed: on a terminal it overwrites the previous one, and
+    ``\x1b[K`` clears what a longer previous line left behind."""
+    return f"\r{line}\x1b[K" if tty else line
+
+
 def _short(text: str | None, width: int = 60) -> str:
     text = " ".join((text or "").split())
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -217,9 +223,7 @@ def run(args: argparse.Namespace) -> int:
                     flush=True,
                 )
             else:
-                # \x1b[K clears what a longer previous line left behind.
-                line = _line(status, rate)
-                print(f"\r{line}\x1b[K" if tty else line, end="" if tty else "\n", flush=True)
+                print(_live(_line(status, rate), tty), end="" if tty else "\n", flush=True)
     except KeyboardInterrupt:
         final = INTERRUPTED
     except BaseException:

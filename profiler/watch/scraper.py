@@ -61,7 +61,9 @@ class Scraper:
                 rows = sample_rows(source, now_ns(), fetch_text(url))
             except (OSError, ValueError, urllib.error.URLError) as exc:
                 self.errors += 1
-                self.last_error = f"{url}: {getattr(exc, 'reason', None) or exc}"
+                reason = getattr(exc, "reason", None) or exc
+                reason = getattr(reason, "strerror", None) or reason
+                self.last_error = f"{reason} ({url})"  # the reason first: the line is short
                 # One incident per outage, not one per interval.
                 if source not in self._failing:
                     self._failing.add(source)

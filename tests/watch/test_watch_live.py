@@ -15,6 +15,7 @@ import pytest
 from watch_helpers import free_port, wait_until
 from watch_payloads import vllm_removed, vllm_stored
 
+from app.commands.watch import _line, _live
 from db import watch_queries as q
 from db.watch_schema import OP_REMOVED, OP_RESET, OP_STORED
 from profiler.watch.session import WatchSession
@@ -284,6 +285,9 @@ def test_failed_scrape_is_an_incident(tmp_path: Path, publishers) -> None:
     session.stop()
     errors = [i for i in q.incidents(tmp_path / "w.db", session.run_id) if i.kind == "scrape_error"]
     assert len(errors) == 1 and url in errors[0].detail  # one per outage, not per try
+    # The live line says so as it happens, with the reason.
+    line = _line(session.status())
+    assert "scrape errors " in line and "Connection refused" in line, line
 
 
 def _incidents_now(session: WatchSession) -> list:
@@ -303,3 +307,22 @@ def test_undecodable_batch_is_counted_not_replayed(tmp_path: Path, publishers) -
     assert (status.bad_messages, status.gaps, status.lost_batches) == (1, 0, 0)
     (bad,) = [i for i in q.incidents(tmp_path / "w.db", session.run_id) if i.kind == "bad_message"]
     assert (bad.first_seq, bad.last_seq) == (1, 1) and "not msgpack" in bad.detail
+    line = _line(status)
+    assert line.startswith("1 source  ") and "bad messages 1 (" in line, line
+
+
+def test_one_engine_pushing_to_a_listening_watch_is_one_source(tmp_path: Path, publishers) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    session = _session(tmp_path / "w.db", expand_sources(endpoint, listen=True))
+    assert session.status().sources == 1  # listening, nothing arrived yet
+    pub = publishers(endpoint, topic="kv-events", dp_rank=0)
+    pub.wait_for_subscribers()
+    pub.publish([vllm_stored([1])])
+    wait_until(lambda: session.status().batches == 1)
+    status = session.stop()
+    assert status.sources == 1 and _line(status).startswith("1 source  ")
+
+
+def test_the_live_line_leaves_no_stale_characters() -> None:
+    assert _live("2 sources  scrapes 0", tty=True) == "\r2 sources  scrapes 0\x1b[K"
+    assert _live("x", tty=False) == "x"

@@ -1,0 +1,244 @@
+"""The aggregates the watch views read: exact on a synthetic fleet whose true
+answer the test knows, equal when folded live or rebuilt from the raw rows,
+and cheap to refresh when nothing changed."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from watch_helpers import S
+
+from app.dashboard import watch_page
+from app.tui.watch_view import WatchView
+from db import watch_aggregates as agg
+from db import watch_queries as q
+from db.store import open_db
+from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
+from db.watch_writer import WatchBatch, WatchWriter
+from db.writer import create_run
+
+BLOCK = 16
+
+
+def _run(path: Path, sources: int = 3, engine: str = "vllm"):
+    db = open_db(path)
+    run_id = create_run(
+        db, kind="watch", model=None, config={}, hardware={}, versions={},
+        started_at=0.0, start_ns=0,
+    )  # fmt: skip
+    writer = WatchWriter(db, run_id)
+    rows = [(i, "events", engine, f"tcp://h:{i}", None, "", i, 0) for i in range(sources)]
+    counters = [(BLOCK, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "{}", i) for i in range(sources)]
+    writer.write(WatchBatch(sources=rows, counters=counters))
+    return db, writer, run_id
+
+
+def _row(source: int, t_s: float, op: int, hashes=(), parent=None, medium="GPU"):
+    text = None if op == OP_CLEARED else "[" + ",".join(map(str, hashes)) + "]"
+    return (source, 0, int(t_s * S), op, text, parent, medium, 0, len(hashes))
+
+
+def test_misses_on_a_fleet_whose_answer_is_known(tmp_path: Path) -> None:
+    db, writer, run_id = _run(tmp_path / "w.db")
+    prompt = list(range(100, 110))  # a system prompt of 10 blocks
+    turn = list(range(200, 205))
+    rows = [
+        _row(0, 0.0, OP_STORED, prompt + turn),
+        _row(1, 1.0, OP_STORED, prompt),  # 10 routing misses: source 0 holds them
+        _row(0, 2.0, OP_REMOVED, turn),
+        _row(0, 5.0, OP_STORED, turn, parent=prompt[-1]),  # 5 recomputed, 3 s after
+        _row(2, 6.0, OP_STORED, turn, parent=prompt[-1]),  # 5 routing misses
+        # Copies, not hashes: stored twice, removed twice, gone only at the second.
+        _row(1, 7.0, OP_STORED, [300]),
+        _row(1, 7.5, OP_STORED, [300]),
+        _row(1, 8.0, OP_REMOVED, [300]),
+        _row(1, 9.0, OP_REMOVED, [300]),
+        _row(1, 9.5, OP_STORED, [300]),  # recomputed 0.5 s after, not a routing miss
+        # Removed here while source 1 holds it, stored here again: both misses at once.
+        _row(0, 10.0, OP_REMOVED, [prompt[-1]]),
+        _row(0, 10.25, OP_STORED, [prompt[-1]], parent=prompt[-2]),
+    ]
+    writer.write(WatchBatch(blocks=rows[:5]))  # two transactions: state carries over
+    writer.write(WatchBatch(blocks=rows[5:]))
+    db.conn.close()
+    path = tmp_path / "w.db"
+    per = {(m.engine, m.source): m for m in q.misses(path, run_id)}
+    assert [(per[("vllm", s)].recomputed, per[("vllm", s)].routing_misses) for s in range(3)] == [
+        (6, 1),
+        (1, 10),
+        (0, 5),
+    ]
+    fleet = per[("vllm", None)]
+    assert (fleet.new_blocks, fleet.recomputed, fleet.routing_misses, fleet.both) == (38, 7, 16, 1)
+    assert (fleet.recomputed_tokens, fleet.routing_miss_tokens) == (7 * BLOCK, 16 * BLOCK)
+    assert fleet.span_s == 11.0  # buckets 0..10 s
+    stats = {s.source: s for s in q.block_stats(path, run_id)}
+    assert stats[1].reannounced == 1 and stats[1].lifetime_count == 1  # 300 went once
+    assert stats[1].cached == {"GPU": 11} == stats[1].copies
+    gaps = q.histogram(path, run_id, "restore_gap")
+    assert sum(b.count for b in gaps) == 7
+    # 5 blocks back after 3 s, one after 0.5 s, one after 0.25 s: the bins say so.
+    assert sum(b.count for b in gaps if b.low_s <= 3.0 < b.high_s) == 5
+    assert sum(b.count for b in gaps if b.low_s <= 0.5 < b.high_s) == 1
+    assert sum(b.count for b in gaps if b.low_s <= 0.25 < b.high_s) == 1
+    (dup,) = q.duplication(path, run_id)
+    # Now: the prompt's 10 on sources 0 and 1, the turn's 5 on sources 0 and 2.
+    assert (dup.duplicated_blocks, dup.extra_copies, dup.extra_tokens) == (15, 15, 15 * BLOCK)
+
+
+def _reference(rows: list[tuple]) -> dict[int, dict[str, int]]:
+    """The per-source figures by the definitions, with plain sets: what the
+    aggregates must equal."""
+    copies: dict[int, dict] = defaultdict(lambda: defaultdict(int))  # src -> (medium, h) -> n
+    removed: dict[int, set] = defaultdict(set)
+    out: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+    def held(src: int, h: int) -> bool:
+        return any(n for (m, x), n in copies[src].items() if x == h)
+
+    for src, _, _, op, text, _, medium, _, _ in rows:
+        hashes = [] if text is None else [int(x) for x in text.strip("[]").split(",") if x]
+        stats = out[src]
+        if op == OP_CLEARED:
+            copies[src].clear()
+            removed[src].clear()
+            continue
+        for h in hashes:
+            key = (medium, h)
+            if op == OP_STORED:
+                if copies[src][key]:
+                    stats["reannounced"] += 1
+                elif not held(src, h):
+                    stats["new"] += 1
+                    stats["recomputed"] += h in removed[src]
+                    stats["routing"] += any(held(o, h) for o in list(copies) if o != src)
+                    removed[src].discard(h)
+                copies[src][key] += 1
+            else:
+                if not copies[src][key]:
+                    stats["unknown"] += 1
+                    if not held(src, h):
+                        removed[src].add(h)
+                    continue
+                copies[src][key] -= 1
+                if not held(src, h):
+                    removed[src].add(h)
+    for src in out:
+        out[src]["live"] = sum(1 for n in copies[src].values() if n)
+    return out
+
+
+def _random_fleet(seed: int, n: int = 3000) -> list[tuple]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        src = rng.randrange(4)
+        r = rng.random()
+        medium = "CPU" if rng.random() < 0.15 else "GPU"
+        hashes = [rng.randrange(60) for _ in range(rng.randint(1, 4))]
+        if r < 0.003:
+            rows.append(_row(src, i / 100, OP_CLEARED))
+        elif r < 0.55:
+            rows.append(_row(src, i / 100, OP_STORED, hashes, medium=medium))
+        else:
+            rows.append(_row(src, i / 100, OP_REMOVED, hashes, medium=medium))
+    return rows
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_aggregates_equal_the_definitions_on_a_random_fleet(tmp_path: Path, seed: int) -> None:
+    rows = _random_fleet(seed)
+    db, writer, run_id = _run(tmp_path / "w.db", sources=4)
+    for start in range(0, len(rows), 700):
+        writer.write(WatchBatch(blocks=rows[start : start + 700]))
+    writer.finish("complete", 0)
+    truth = _reference(rows)
+    got = {s.source: s for s in q.block_stats(db, run_id)}
+    for src, want in truth.items():
+        s = got[src]
+        assert (s.new_blocks, s.recomputed, s.routing_misses, s.reannounced) == (
+            want["new"],
+            want["recomputed"],
+            want["routing"],
+            want["reannounced"],
+        ), src
+        assert (s.removed_unknown, sum(s.cached.values())) == (want["unknown"], want["live"]), src
+    # Folded again from the raw rows (a database from before the aggregates, or a
+    # resumed watch): the same tables.
+    tables = ("watch_source_stats", "watch_live", "watch_series", "watch_fleet_series",
+              "watch_histograms", "watch_fleet", "watch_shared_prefixes")  # fmt: skip
+
+    def dump() -> dict[str, list]:
+        return {t: sorted(db.execute(f"SELECT * FROM {t}").fetchall()) for t in tables}
+
+    live = dump()
+    with db.atomic():
+        agg.rebuild(db.conn, run_id)
+    assert dump() == live
+    db.conn.close()
+
+
+def test_evicted_memory_is_bounded_and_forgets_the_oldest(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(agg, "EVICTED_MEMORY", 3)
+    db, writer, run_id = _run(tmp_path / "w.db", sources=1)
+    rows = [_row(0, 0.0, OP_STORED, [1, 2, 3, 4, 5]), _row(0, 1.0, OP_REMOVED, [1, 2, 3, 4, 5])]
+    rows += [_row(0, 2.0, OP_STORED, [1]), _row(0, 2.0, OP_STORED, [5])]
+    writer.write(WatchBatch(blocks=rows))
+    (stats,) = q.block_stats(db, run_id)
+    db.conn.close()
+    assert stats.recomputed == 1  # 5 was remembered; 1 was the oldest, forgotten
+
+
+def test_a_migrated_database_gets_its_aggregates(tmp_path: Path) -> None:
+    """A watch recorded before schema 6 (no aggregates) shows the same figures."""
+    path = tmp_path / "old.db"
+    db, writer, run_id = _run(path, sources=2)
+    writer.write(WatchBatch(blocks=[_row(0, 0.0, OP_STORED, [1, 2]), _row(1, 1.0, OP_STORED, [2])]))
+    for table in ("watch_source_stats", "watch_live", "watch_series", "watch_agg_state"):
+        db.execute(f"DELETE FROM {table}")
+    db.execute("DROP INDEX watch_blocks_run")
+    for table in ("watch_source_stats", "watch_live", "watch_series", "watch_fleet_series",
+                  "watch_fleet", "watch_histograms", "watch_shared_prefixes", "watch_agg_state"):  # fmt: skip
+        db.execute(f"DROP TABLE {table}")
+    db.execute("PRAGMA user_version = 5")
+    db.conn.commit()
+    db.conn.close()
+    stats = q.block_stats(open_db(path), run_id)  # opening migrates, and folds the raw rows
+    assert [(s.source, s.new_blocks, s.routing_misses) for s in stats] == [(0, 2, 0), (1, 1, 1)]
+
+
+def test_views_cost_nothing_when_nothing_changed(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    db, writer, run_id = _run(path, sources=1)
+    writer.write(WatchBatch(blocks=[_row(0, 0.0, OP_STORED, [1, 2])]))
+    renderer = watch_page.Renderer(path)
+    first = renderer(run_id)
+    assert renderer(run_id) is first and renderer.renders == 1
+    view = WatchView(path, run_id)
+    assert view.refresh_snapshot() is not None and view.refresh_snapshot() is None
+    writer.write(WatchBatch(blocks=[_row(0, 1.0, OP_STORED, [3])]))
+    db.conn.close()
+    assert renderer(run_id) is not first and renderer.renders == 2
+    snap = view.refresh_snapshot()
+    assert snap is not None and snap.stats[0].cached == {"GPU": 3} and view.refreshes == 2
+
+
+def test_views_never_read_the_raw_events(tmp_path: Path) -> None:
+    """Every view query reads aggregates: with the raw rows gone, the figures stay."""
+    path = tmp_path / "w.db"
+    db, writer, run_id = _run(path, sources=2)
+    writer.write(WatchBatch(blocks=[_row(0, 0.0, OP_STORED, [1, 2]), _row(1, 1.0, OP_STORED, [2])]))
+    db.execute("DELETE FROM watch_blocks")
+    db.conn.commit()
+    db.conn.close()
+    conn = sqlite3.connect(path)
+    traced: list[str] = []
+    conn.set_trace_callback(traced.append)
+    data = watch_page.load(conn, run_id)
+    conn.close()
+    assert [s.new_blocks for s in data.stats] == [2, 1]
+    assert not [sql for sql in traced if "watch_blocks" in sql]
