@@ -356,7 +356,8 @@ def request_trace(source: Source, run_id: int, request_id: int) -> RequestTrace:
             held += len(values["pages"]) * (1 if kind == PagesAllocated.kind else -1)
             trace.pages_t_s.append(t_s)
             trace.pages.append(held)
-        for tokens in _tokens_after(kind, values, prompt):
+        last = next((n for n in reversed(trace.tokens) if n is not None), 0)
+        for tokens in _tokens_after(kind, values, prompt, last):
             trace.tokens_t_s.append(t_s)
             trace.tokens.append(tokens)
         prompt = values.get("prompt_tokens", prompt)
@@ -365,14 +366,20 @@ def request_trace(source: Source, run_id: int, request_id: int) -> RequestTrace:
     return trace
 
 
-def _tokens_after(kind: str, values: dict[str, Any], prompt: int) -> tuple[int | None, ...]:
+def _tokens_after(
+    kind: str, values: dict[str, Any], prompt: int, last: int = 0
+) -> tuple[int | None, ...]:
     """Points of the tokens line right after one of the request's events; None
     breaks the line where the count in between is not recorded (decoding up to
-    a preemption, the recompute after it)."""
+    a preemption, the recompute after it). Scheduling and prefill chunks are
+    steps (the count before, then after, at one time): a waiting request holds
+    nothing until it is scheduled, then its prefix hit at once."""
     if kind == RequestArrived.kind:
         return (0,)
+    if kind == RequestScheduled.kind:
+        return (last, values["cached_tokens"])
     if kind == ChunkScheduled.kind:
-        return (values["start"] + values["tokens"],)
+        return (last, values["start"] + values["tokens"])
     if kind == FirstToken.kind:
         return (prompt + 1,)
     if kind == RequestPreempted.kind:

@@ -61,3 +61,25 @@ def test_an_interrupted_runs_summary_counts_unfinished_requests_tokens(tmp_path)
     assert unfinished and all(r.output_ids for r in unfinished)
     assert summary.output_tokens == engine.total_output_tokens
     assert summary.requests_finished == 1
+
+
+def test_tokens_held_is_flat_until_the_request_is_scheduled(tmp_path):
+    from db.requests import request_trace, request_times
+
+    bus = EventBus()
+    engine = tiny_engine(64, bus=bus, max_num_seqs=1)  # the second request waits
+    recorder = Recorder(tmp_path / "r.db", {}, model="tiny")
+    bus.subscribe(recorder.on_event)
+    recorder.start()
+    engine.generate([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]], SamplingParams(max_tokens=8))
+    recorder.finish("complete")
+    times = {t.request_id: t for t in request_times(tmp_path / "r.db", recorder.run_id)}
+    waited = max(times.values(), key=lambda t: t.scheduled_ns - t.arrival_ns)
+    assert waited.scheduled_ns > waited.arrival_ns
+    trace = request_trace(tmp_path / "r.db", recorder.run_id, waited.request_id)
+    scheduled_s = (waited.scheduled_ns - waited.arrival_ns) / 1e9 + trace.tokens_t_s[0]
+    before = [n for t, n in zip(trace.tokens_t_s, trace.tokens) if t < scheduled_s - 1e-9]
+    assert before and all(n == 0 for n in before)
+    # at the scheduling time the line steps: the count before, then after
+    at = [n for t, n in zip(trace.tokens_t_s, trace.tokens) if abs(t - scheduled_s) < 1e-6]
+    assert at[:1] == [0]
