@@ -143,9 +143,11 @@ def main() -> int:
         for c, (r, _) in zip(configs, results, strict=True)
     }
     point_sum = sum(r.wall_s for r, _ in results)
+    cpu_sum = sum(r.cpu_s for r, _ in results)
     print(f"\ndefault sweep: {len(caps)} capacities x {len(policies)} policies + the ceiling = "
           f"{len(configs)} points in {sweep_s:.1f} s over {args.workers} workers "
-          f"(points' own times sum to {point_sum:.1f} s: {point_sum / sweep_s:.2f}x parallel)")  # fmt: skip
+          f"(points' own times sum to {point_sum:.1f} s: {point_sum / sweep_s:.2f}x parallel; "
+          f"their CPU time to {cpu_sum:.1f} s, {cpu_sum / args.workers:.1f} s a worker)")  # fmt: skip
 
     ceiling = rate[("lru", None)]
     fid = []
