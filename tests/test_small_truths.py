@@ -83,3 +83,18 @@ def test_tokens_held_is_flat_until_the_request_is_scheduled(tmp_path):
     # at the scheduling time the line steps: the count before, then after
     at = [n for t, n in zip(trace.tokens_t_s, trace.tokens) if abs(t - scheduled_s) < 1e-6]
     assert at[:1] == [0]
+
+
+def test_compare_starts_from_the_selected_run_with_rounded_config(tmp_path):
+    from dash_callbacks import call
+
+    from app.dashboard.server import create_app
+
+    path = tmp_path / "r.db"
+    ids = [_record(path, {"rate": rate}) for rate in (0.1 + 0.2, 2.0, 3.0)]
+    app = create_app(path)
+    _, value = call(app, "compare-runs.value", None, None, ids[0], trigger="version.data")
+    assert value[0] == ids[0] and len(value) == 2 and ids[0] not in value[1:]
+    out = call(app, "compare-config.data", [ids[0], ids[1]], None, trigger="compare-runs.value")
+    rate = next(row for row in out[2] if row["metric"] == "rate")
+    assert rate[f"#{ids[0]}"] == "0.3" and rate[f"#{ids[1]}"] == "2"

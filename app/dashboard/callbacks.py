@@ -454,12 +454,18 @@ def register(app: Dash, db_path: Path) -> None:
         Output("compare-runs", "value"),
         Input("version", "data"),
         State("compare-runs", "value"),
+        State("run", "value"),
     )
-    def compare_choices(version: dict | None, chosen: list | None) -> tuple:
+    def compare_choices(version: dict | None, chosen: list | None, selected: int | None) -> tuple:
         with queries.reader(db_path) as db:
             runs = list_runs(db)
         options = [{"label": run_label(r), "value": r.run_id} for r in runs]
-        return options, no_update if chosen else [r.run_id for r in runs[:2]]
+        if chosen:
+            return options, no_update
+        # Start from the run selected in the picker, beside the newest other run.
+        first = selected if any(r.run_id == selected for r in runs) else None
+        others = [r.run_id for r in runs if r.run_id != first]
+        return options, ([first] if first is not None else []) + others[: 2 - (first is not None)]
 
     @app.callback(
         Output("compare-summary", "data"),
@@ -482,7 +488,7 @@ def register(app: Dash, db_path: Path) -> None:
         columns = [{"name": "", "id": "metric"}] + [{"name": c, "id": c} for c in labels]
         config_rows = [
             {"metric": key}
-            | {label: "—" if v is None else str(v) for label, v in zip(labels, values, strict=True)}
+            | {label: figures.config_value(v) for label, v in zip(labels, values, strict=True)}
             for key, values in comparison.config_diff.items()
         ]
         revision = tuple(run_ids)

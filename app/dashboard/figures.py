@@ -789,6 +789,16 @@ def _format(value: float | int | None, fmt: str) -> str:
     return fmt.format(value)
 
 
+def config_value(value: object) -> str:
+    """A config value as the compare page shows it: floats to 4 significant digits
+    (a measured 0.30000000000000004 reads 0.3), None as a dash."""
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
 def summary_table(labels: Sequence[str], summaries: Sequence[RunSummary]) -> list[dict[str, str]]:
     """Headline figures as rows, one column per run (the comparison table)."""
     return [
