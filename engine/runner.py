@@ -98,22 +98,21 @@ class ModelRunner:
     def warm_up_prefill(self, max_batched_tokens: int) -> None:
         """Run one prefill of every query-length class up to ``max_batched_tokens`` (CUDA +
         Triton only), so the prefill kernel autotunes each ``q_class`` at start-up, not inside
-        the first timed steps. The writes land in pages no request holds yet (the pool is
-        empty at start-up), and are overwritten before anything reads them."""
+        the first timed steps."""
         if self.device.type != "cuda" or self.backend != "triton":
             return
-        ps = self.storage.page_size
-        num_pages = self.storage.data.shape[1]
-        length = 2
-        while True:
-            n = min(length, max_batched_tokens, num_pages * ps)
-            pages = list(range(-(-n // ps)))
-            inputs = self._stage([_Warmup(pages, n)], [n])
-            self.execute_rows(inputs, inputs.logits_rows, report=False)
-            if n >= min(max_batched_tokens, num_pages * ps):
-                break
-            length *= 2
+        capacity = self.storage.data.shape[1] * self.storage.page_size
+        self.run_prefills(prefill_warmup_lengths(max_batched_tokens, capacity))
         torch.cuda.synchronize(self.device)
+
+    def run_prefills(self, lengths: list[int]) -> None:
+        """One stand-in prefill per length, over the pool's first pages. The writes land in
+        pages no request holds yet (the pool is empty at start-up) and are overwritten
+        before anything reads them."""
+        ps = self.storage.page_size
+        for n in lengths:
+            inputs = self._stage([_Warmup(list(range(-(-n // ps))), n)], [n])
+            self.execute_rows(inputs, inputs.logits_rows, report=False)
 
     # --- one step -------------------------------------------------------------------
 
@@ -295,6 +294,18 @@ def _attention_cost(
     """(shape, 0 seconds, FLOPs, bytes) of one attention call, counted as the kernels count."""
     shape, flops, nbytes = paged_attention_cost(q, pages.data, pages.scales, meta, pages.kv_dtype)
     return shape, 0.0, flops, nbytes
+
+
+def prefill_warmup_lengths(max_batched_tokens: int, capacity: int) -> list[int]:
+    """One query length per ``q_class`` (power-of-two bucket) a prefill step can have:
+    2, 4, 8, ... and the largest step itself; never more tokens than the pool holds."""
+    top = min(max_batched_tokens, capacity)
+    lengths = []
+    n = 2
+    while n < top:
+        lengths.append(n)
+        n *= 2
+    return [*lengths, top] if top >= 2 else []
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ import torch
 from engine.cuda_graphs import DecodeGraphs, bucket_for, decode_buckets
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
+from engine.runner import prefill_warmup_lengths
 from engine.sampler import SamplingParams
 from tests.tiny_model import tiny_loaded
 
@@ -108,3 +109,21 @@ def test_score_with_graphs_routes_one_token_chunks_through_the_graph_path():
     assert torch.allclose(got, eager, atol=1e-5)
     mixed = graphed.score(seq, chunk=7)  # 7, 7, 6 tokens: eager; the same logits
     assert torch.allclose(mixed, eager, atol=1e-4)
+
+
+def test_prefill_warm_up_covers_every_query_length_class():
+    assert prefill_warmup_lengths(2048, 10**6) == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+    assert prefill_warmup_lengths(100, 10**6) == [2, 4, 8, 16, 32, 64, 100]
+    assert prefill_warmup_lengths(8192, 48) == [2, 4, 8, 16, 32, 48]  # a small pool caps it
+    assert prefill_warmup_lengths(1, 48) == []
+
+
+def test_the_warm_up_prefills_leave_no_trace_in_what_the_engine_computes():
+    prompts = [[1, 2, 3, 4, 5], [9, 8, 7] * 7]
+    params = SamplingParams(max_tokens=6)
+    fresh = [o.token_ids for o in _engine(4).generate(prompts, params)]
+    warmed = _engine(4)
+    free = warmed.kv.pool.num_free
+    warmed.runner.run_prefills(prefill_warmup_lengths(64, 1024))
+    assert warmed.kv.pool.num_free == free  # stand-ins, not requests: no page is taken
+    assert [o.token_ids for o in warmed.generate(prompts, params)] == fresh
