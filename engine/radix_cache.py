@@ -325,7 +325,13 @@ class RadixCache(PrefixCache):
                 refcount[page] += 1
                 attach(child, page)
                 stored.append(page)
-            elif not child.on_device:
+                child.last_access = tick
+                if future is not None:
+                    child.next_use = future(i)
+                # New, and held by the request too: neither cache-only nor evictable yet.
+                node = child
+                continue
+            if not child.on_device:
                 # Adopt the request's copy instead of reloading the offloaded one.
                 self.host.release(child.host_slot)
                 self.pool.incref([pages[i]])
