@@ -7,6 +7,7 @@ workload as ``job``; ``kvscope tui`` calls it without.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -44,10 +45,22 @@ def run_tui(
     try:
         app.run()
     finally:
-        app.stop.set()
+        if not app.detached:
+            app.stop.set()
     if not app.job_started:
         return None
-    app.job_done.wait()
+    if app.detached and not app.job_done.is_set():
+        print(
+            f"[kvscope] detached: the run continues headless into {path} "
+            "(Ctrl-C stops it; its summary prints at the end)",
+            file=sys.stderr,
+        )
+    try:
+        app.job_done.wait()
+    except KeyboardInterrupt:
+        app.stop.set()  # the run stops and is marked interrupted, then the summary prints
+        app.job_done.wait()
+        raise
     if app.job_error is not None:
         raise app.job_error
     return app.job_result

@@ -44,6 +44,7 @@ from app.tui.panels import (
     throughput_text,
 )
 from app.tui.playback import Playback, default_speed
+from app.tui.quit_screen import DETACH, STOP, QuitScreen
 from app.tui.requests_table import COLUMNS, RequestsTable
 from app.tui.run_picker import RunPicker
 from app.tui.timeline import Timeline
@@ -107,6 +108,7 @@ class KvscopeApp(App[None]):
         self.job_error: BaseException | None = None
         self.job_done = threading.Event()
         self.job_started = False
+        self.detached = False  # quit chose to let the job finish without the UI
         self._job = job
         self._asked_run = run_id
         self._reader = RunReader(self.db_path)
@@ -487,8 +489,21 @@ class KvscopeApp(App[None]):
         self._moved()
 
     async def action_quit(self) -> None:
+        if self._job is not None and self.job_started and not self.job_done.is_set():
+            if not isinstance(self.screen, QuitScreen):
+                self.push_screen(QuitScreen(), self._quit_chosen)  # ask before ending the run
+            return
         self.stop.set()  # a running job stops and marks its run interrupted
         self.exit()
 
+    def _quit_chosen(self, choice: str | None) -> None:
+        if choice == DETACH:
+            self.detached = True  # run_tui waits for the job headless
+            self.exit()
+        elif choice == STOP:
+            self.stop.set()
+            self.exit()
+
     def on_unmount(self) -> None:
-        self.stop.set()
+        if not self.detached:
+            self.stop.set()

@@ -15,6 +15,7 @@ from app.cli import main as cli_main
 from app.tui import run_tui
 from app.tui.app import KvscopeApp
 from app.tui.page_grid import PageGrid
+from app.tui.quit_screen import QuitScreen
 from app.tui.requests_table import RequestsTable
 from app.tui.timeline import Timeline
 from db import queries
@@ -138,10 +139,27 @@ async def test_quitting_early_stops_the_job(tmp_path: Path) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for_view(pilot, app, lambda v: v.row is not None)
         assert not app.job_done.is_set()
-        await pilot.press("q")
+        await pilot.press("q")  # asks first: stop, detach or keep watching
+        assert isinstance(app.screen, QuitScreen) and not app.stop.is_set()
+        await pilot.press("escape")  # keep watching
+        assert not isinstance(app.screen, QuitScreen) and app.is_running
+        await pilot.press("q", "s")
     assert app.job_done.wait(10)
     assert app.job_result is not None and app.job_result["status"] == "interrupted"
     assert queries.run_info(path, app.job_result["run_id"]).status == "interrupted"
+
+
+@aio
+async def test_detaching_lets_the_job_finish_headless(tmp_path: Path) -> None:
+    path = tmp_path / "detach.db"
+    app = KvscopeApp(path, job=engine_job(path, step_pause_s=0.05, **SMALL), refresh_s=0.05)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for_view(pilot, app, lambda v: v.row is not None)
+        assert not app.job_done.is_set()
+        await pilot.press("q", "d")
+    assert app.detached and not app.stop.is_set()
+    assert app.job_done.wait(60)
+    assert app.job_result is not None and app.job_result["status"] == "complete"
 
 
 def test_run_tui_returns_the_jobs_result_and_reraises_its_error(
