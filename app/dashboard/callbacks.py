@@ -21,7 +21,15 @@ import plotly.graph_objects as go
 from dash import Dash, Input, Output, Patch, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
-from app.dashboard import figures, layout, long_context_page, sizing_page, table_filter, watch_page
+from app.dashboard import (
+    capacity_page,
+    figures,
+    layout,
+    long_context_page,
+    sizing_page,
+    table_filter,
+    watch_page,
+)
 from db import queries
 from db.infllm import retrievals
 from db.memory_budget import budget_title, measured_budget
@@ -39,6 +47,7 @@ from db.queries import (
     run_summary,
     step_series,
 )
+from db.sweeps import list_sweeps, sweep
 from engine.errors import KvscopeError
 
 # Time buckets per time-series figure, snapshots and page rows per heatmap: what
@@ -233,6 +242,35 @@ def register(app: Dash, db_path: Path) -> None:
             shown.request_id,
             _live(shown.heatmap, (run_id, shown.request_id)),
             _live(shown.resident, run_id),
+        )
+
+    @app.callback(
+        Output("capacity-sweep", "options"),
+        Output("capacity-sweep", "value"),
+        Output("capacity-compare", "options"),
+        Output("capacity-curves", "figure"),
+        Output("capacity-misses", "figure"),
+        Input("version", "data"),
+        Input("capacity-sweep", "value"),
+        Input("capacity-compare", "value"),
+        State("run", "value"),
+    )
+    def capacity(
+        _: dict | None, primary: str | None, others: list | None, run_id: int | None
+    ) -> tuple:
+        with queries.reader(db_path) as db:
+            sweeps = list_sweeps(db)
+            if primary is None and run_id is not None:  # first visit: the chosen run's sweep
+                primary = run_info(db, run_id).config.get("sweep_id")
+            ids = capacity_page.chosen(sweeps, primary, others)
+            shown = [s for s in (sweep(db, i, misses=n == 0) for n, i in enumerate(ids)) if s]
+        options = capacity_page.sweep_options(sweeps)
+        return (
+            options,
+            ids[0] if ids else None,
+            [o for o in options if not ids or o["value"] != ids[0]],
+            _live(capacity_page.capacity_figure(shown), tuple(ids)),
+            _live(capacity_page.miss_split_figure(shown[0] if shown else None), tuple(ids[:1])),
         )
 
     @app.callback(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dash import dash_table, dcc, html
 
-from app.dashboard import long_context_page, sizing_page, watch_page
+from app.dashboard import capacity_page, long_context_page, sizing_page, watch_page
 from app.dashboard.figures import TABLE_STYLE, Tile
 
 # (key, label, path): the key prefixes every component id on the page.
@@ -26,6 +26,7 @@ PAGES = (
     ("compare", "Compare runs", "/compare"),
     watch_page.PAGE,
     sizing_page.PAGE,
+    capacity_page.PAGE,
 )
 PAGE_BY_PATH = {path: key for key, _, path in PAGES}
 LABELS = {key: label for key, label, _ in PAGES}
@@ -296,6 +297,7 @@ _PAGES = {
     long_context_page.PAGE[0]: long_context_page.layout,
     watch_page.PAGE[0]: lambda: [html.Div(id="watch-content", className="wide")],
     sizing_page.PAGE[0]: sizing_page.layout,
+    capacity_page.PAGE[0]: capacity_page.layout,
 }
 
 

@@ -17,10 +17,11 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from sqlite_utils import Database
 
-from app.dashboard import figures, watch_page
+from app.dashboard import capacity_page, figures, watch_page
 from app.dashboard.server import ASSETS
 from db import queries
 from db.memory_budget import budget_title, measured_budget
+from db.miss_reasons import run_miss_reasons
 from db.pages import page_state_matrix
 from db.queries import (
     gpu_series,
@@ -58,6 +59,7 @@ def report_figures(db: Database, run_id: int) -> list[tuple[go.Figure, bool]]:
         (figures.usage_figure(points), False),
         (figures.fragmentation_figure(points), False),
         (figures.hit_rate_figure(points), False),
+        (capacity_page.miss_reasons_figure(run_miss_reasons(db, run_id)), False),
         (figures.cached_sources_figure(queries.cached_sources(db, run_id, points)), False),
         (figures.event_counts_figure(queries.event_counts(db, run_id)), False),
         (figures.transfer_cost_figure(queries.transfer_costs(db, info)), False),
