@@ -1,8 +1,10 @@
 """``make screenshots``: every picture in screenshots/ from the current UI and real runs.
 
-Records two real runs of the built-in chat workload (prefix cache on, then
-off, so the dashboard's Compare page has something to compare), then takes
-the terminal UI's and the dashboard's screenshots from that database and
+Records two real runs of the built-in shared-prefix workload (prefix cache
+off, then on, so the dashboard's Compare page has something to compare and the
+page maps show pages shared by many requests), then takes the terminal UI's
+pictures at the step with the most shared pages and the dashboard's
+screenshots from that database and
 redraws the allocation simulator's plot. Two more databases hold what the
 chat runs cannot show: a real-model InfLLM run of the long-context workload
 (the Long context page, the TUI's retrieval strip) and a watched synthetic
@@ -26,6 +28,8 @@ from app.dashboard import screenshots as dash_shots
 from app.tui import screenshots as tui_shots
 from app.watch_demo import record_watch_demo
 from db.infllm import retrievals
+from db.pages import most_shared_step
+from db.runs import list_runs
 from engine.errors import KvscopeError
 
 OUT = Path("screenshots")
@@ -47,6 +51,11 @@ INFLLM_FLAGS = (
     "--infllm-topk-blocks",
     "4",
 )
+
+
+# One long shared document, questions arriving over a few seconds: later requests find
+# it in the prefix tree and share its pages while earlier ones still decode.
+SHARED_FLAGS = ("--workload", "shared-prefix", "--rate", "4")
 
 
 def record(db: Path, *flags: str) -> None:
@@ -81,13 +90,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "shots.db"
-        record(db, "--no-prefix-cache")
-        record(db)  # the newest run, shown by default
+        record(db, *SHARED_FLAGS, "--no-prefix-cache")
+        record(db, *SHARED_FLAGS)  # the newest run, shown by default
         infllm = Path(tmp) / "infllm.db"
         record(infllm, *INFLLM_FLAGS)
         watch = Path(tmp) / "watch.db"
         watch_run = record_watch_demo(watch)
-        tui_shots.main(["--db", str(db), "--out", str(OUT)])
+        newest = list_runs(db)[0].run_id
+        tui_shots.shoot(db, newest, OUT, step=most_shared_step(db, newest))
         # Halfway through the retrievals: requests still hold pages, and the
         # strip has the steps before it.
         steps = [r.step for r in retrievals(infllm, 1)]

@@ -599,3 +599,17 @@ def page_state_matrix(
         page_stride=stride,
         selected=selected,
     )
+
+
+def most_shared_step(source: Source, run_id: int) -> int | None:
+    """The step with the most shared pages (the earliest of ties), for pictures that
+    should show sharing; None when no step shares a page (or holds are not recorded)."""
+    with connection(source) as conn:
+        steps = [s for (s,) in conn.execute("SELECT step FROM steps WHERE run_id = ?", (run_id,))]
+        best, most = None, 0
+        for step in sorted(steps):
+            pages = step_pages(conn, run_id, step)
+            shared = 0 if pages is None else pages.counts().shared
+            if shared > most:
+                best, most = step, shared
+    return best
