@@ -35,8 +35,10 @@ import json
 import math
 import sqlite3
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_RESET, OP_STORED
 
@@ -45,12 +47,15 @@ BUCKET_WIDTHS_S = (1, 60, 3600)
 # (recomputation); an OrderedDict trims its oldest in O(1).
 EVICTED_MEMORY = 1_000_000
 TOP_PREFIXES = 20
+# The prefix tree keeps every block ever stored up to this many; past it, the
+# oldest leaves no source holds any more are forgotten (counts above them stay).
+MAX_TREE_NODES = 2_000_000
 PREFIX_REFRESH_S = 2.0  # the ranking of shared prefixes is refreshed at most this often
 # Histograms: four bins per octave of milliseconds; bin 0 is under 1 ms.
 HISTOGRAMS = ("lifetime", "idle_before_evict", "reuse_gap", "restore_gap")
 BINS_PER_OCTAVE = 4
 NO_MEDIUM = ""
-NO_GROUP = -1
+NO_GROUP = 0  # an engine that names no group has one: vLLM numbers it 0
 
 STAT_COLUMNS = (
     "stored",  # block events stored (one per hash)
@@ -145,7 +150,8 @@ class _Source:
         self.copies: dict[tuple[str, int], int] = {}  # (medium, group) -> physical copies
         self.stats = dict.fromkeys(STAT_COLUMNS, 0)
         self.stats["lifetime_sum_s"] = 0.0
-        self.hist: dict[tuple[str, int], int] = defaultdict(int)  # deltas since the last persist
+        # durations (ns) per histogram since the last persist, binned then (numpy)
+        self.hist: dict[str, list[int]] = {name: [] for name in HISTOGRAMS}
 
     def shelf(self, medium: str, group: int) -> dict[int, list[int]]:
         key = (medium, group)
@@ -159,6 +165,9 @@ class _Source:
         return shelf
 
     def held_blocks(self, medium: str) -> int:
+        if len(self.shelves) == 1:
+            (((m, _), shelf),) = self.shelves.items()
+            return len(shelf) if m == medium else 0
         return sum(len(s) for (m, _), s in self.shelves.items() if m == medium)
 
     def all_held(self) -> set[int] | dict[int, int]:
@@ -278,6 +287,7 @@ class FleetState:
         g = NO_GROUP if group is None else group
         shelf = src.shelf(m, g)
         on_source, stats, hist, evicted = src.on_source, src.stats, src.hist, src.evicted
+        reuse, restore = hist["reuse_gap"], hist["restore_gap"]
         tree, bit = src.tree, src.bit
         nodes = tree.nodes
         stored = recomputed = routing = both = new = copies = 0
@@ -310,7 +320,7 @@ class FleetState:
             if entry is not None:
                 entry[0] += 1
                 stats["reannounced"] += 1
-                hist[("reuse_gap", bin_of((ts_ns - entry[2]) / 1e9))] += 1
+                reuse.append(ts_ns - entry[2])
                 entry[2] = ts_ns
                 continue
             shelf[block] = [1, ts_ns, ts_ns]
@@ -324,7 +334,7 @@ class FleetState:
             mask = node[5] & ~bit
             if removed_at is not None:
                 recomputed += 1
-                hist[("restore_gap", bin_of((ts_ns - removed_at) / 1e9))] += 1
+                restore.append(ts_ns - removed_at)
             if mask:
                 routing += 1  # another source of this engine kind holds it
                 if removed_at is not None:
@@ -379,9 +389,13 @@ class FleetState:
         m = NO_MEDIUM if medium is None else medium
         g = NO_GROUP if group is None else group
         shelf = src.shelf(m, g)
-        on_source, stats, hist, evicted = src.on_source, src.stats, src.hist, src.evicted
+        on_source, stats, evicted = src.on_source, src.stats, src.evicted
+        lifetimes, idle = src.hist["lifetime"], src.hist["idle_before_evict"]
+        nodes = src.tree.nodes
         tree, bit = src.tree, src.bit
         removed = copies = 0
+        life_ns = 0
+        lives = len(lifetimes)
         for block in hashes:
             removed += 1
             entry = shelf.get(block)
@@ -398,11 +412,10 @@ class FleetState:
             if entry[0] > 0:
                 continue  # another physical copy still holds it
             del shelf[block]
-            life_s = (ts_ns - entry[1]) / 1e9
-            stats["lifetime_count"] += 1
-            stats["lifetime_sum_s"] += life_s
-            hist[("lifetime", bin_of(life_s))] += 1
-            hist[("idle_before_evict", bin_of((ts_ns - entry[2]) / 1e9))] += 1
+            life = ts_ns - entry[1]
+            life_ns += life
+            lifetimes.append(life)
+            idle.append(ts_ns - entry[2])
             if on_source is not None:
                 n = on_source[block] - 1
                 if n:
@@ -412,9 +425,18 @@ class FleetState:
             evicted[block] = ts_ns
             if len(evicted) > EVICTED_MEMORY:
                 evicted.popitem(last=False)
-            self._release(tree, block, bit)
+            node = nodes.get(block)  # the fleet: this source no longer holds it
+            if node is not None and node[5] & bit:
+                mask = node[5] & ~bit
+                node[5] = mask
+                if mask:
+                    tree.extra -= 1
+                    if mask & (mask - 1) == 0:
+                        tree.duplicated -= 1
         src.copies[(m, g)] -= copies
         stats["removed"] += removed
+        stats["lifetime_count"] += len(lifetimes) - lives
+        stats["lifetime_sum_s"] += life_ns / 1e9
         self._note(src, source, m, ts_ns, 0, removed, 0, 0)
 
     def _clear(self, src: _Source, source: int, ts_ns: int, op: int) -> None:
@@ -451,6 +473,9 @@ class FleetState:
     def persist(self, conn: sqlite3.Connection, *, final: bool = False) -> None:
         """Write what changed since the last call (inside the caller's transaction)."""
         r = self.run_id
+        for tree in self.trees.values():
+            if len(tree.nodes) > MAX_TREE_NODES:
+                _prune(tree, len(tree.nodes) - MAX_TREE_NODES * 9 // 10)
         stat_names = ", ".join(STAT_COLUMNS)
         conn.executemany(
             f"INSERT OR REPLACE INTO watch_source_stats (run_id, source, {stat_names}) "
@@ -486,8 +511,10 @@ class FleetState:
             self._fleet_series = {}
         rows = []
         for i, s in self.sources.items():
-            rows += [(i, name, b, n) for (name, b), n in s.hist.items()]
-            s.hist.clear()
+            for name, durations in s.hist.items():
+                if durations:
+                    rows += _binned(i, name, durations)
+                    durations.clear()
         if rows:
             conn.executemany(
                 f"INSERT INTO watch_histograms VALUES ({r}, ?, ?, ?, ?) "
@@ -529,6 +556,30 @@ class FleetState:
             "ON CONFLICT DO UPDATE SET applied_rowid = excluded.applied_rowid",
             (r, self.applied_rowid),
         )
+
+
+def _prune(tree: _Tree, count: int) -> None:
+    """Forget up to ``count`` of the oldest leaves that no source holds: a week-long
+    watch's tree stays bounded; the figures above them (children seen, blocks
+    stored under) keep what they counted."""
+    nodes = tree.nodes
+    gone = []
+    for block, node in nodes.items():
+        if not node[2] and not node[5]:
+            gone.append(block)
+            if len(gone) >= count:
+                break
+    for block in gone:
+        del nodes[block]
+
+
+def _binned(source: int, name: str, durations_ns: list[int]) -> list[tuple]:
+    """(source, name, bin, count) rows of durations, binned as ``bin_of`` does."""
+    ms = np.asarray(durations_ns, dtype=np.float64) / 1e6
+    with np.errstate(divide="ignore"):
+        bins = np.where(ms < 1.0, 0, 1 + np.floor(BINS_PER_OCTAVE * np.log2(np.maximum(ms, 1.0))))
+    values, counts = np.unique(bins.astype(np.int64), return_counts=True)
+    return [(source, name, int(b), int(n)) for b, n in zip(values, counts, strict=True)]
 
 
 def _bits(mask: int) -> str:

@@ -242,3 +242,17 @@ def test_views_never_read_the_raw_events(tmp_path: Path) -> None:
     conn.close()
     assert [s.new_blocks for s in data.stats] == [2, 1]
     assert not [sql for sql in traced if "watch_blocks" in sql]
+
+
+def test_the_prefix_tree_forgets_old_unheld_leaves_past_its_bound(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(agg, "MAX_TREE_NODES", 10)
+    db, writer, run_id = _run(tmp_path / "w.db", sources=1)
+    rows = [_row(0, 0.0, OP_STORED, [1, 2, 3])]  # a chain kept held
+    rows += [_row(0, 1.0, OP_STORED, [100 + i], parent=3) for i in range(10)]
+    rows += [_row(0, 2.0, OP_REMOVED, [100 + i]) for i in range(10)]
+    writer.write(WatchBatch(blocks=rows))
+    (tree,) = q.tree_summary(db, run_id)
+    (top,) = q.prefix_tree(db, run_id)
+    db.conn.close()
+    assert tree.nodes == 9  # 13 > 10: the 4 oldest unheld leaves went, the held chain stayed
+    assert (top.block_hash, top.branches, top.subtree_blocks) == (3, 10, 11)  # counted before
