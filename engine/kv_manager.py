@@ -197,15 +197,14 @@ class KVCacheManager:
 
     def swap_out(self, req: Request) -> None:
         """Copy the request's pages to the host tier and release them on the device."""
-        req.host_slots = [self.host.store(p)[0] for p in req.pages]
+        req.host_slots = self.host.store_many(req.pages)[0]  # one copy per run of slots
         self.swapped[req.request_id] = req
         self.release(req)
 
     def swap_in(self, req: Request) -> None:
         """Bring a swapped-out request's pages back (the caller checked there is room)."""
         pages = self.pool.allocate(len(req.host_slots))
-        for slot, page in zip(req.host_slots, pages, strict=True):
-            self.host.load(slot, page)
+        self.host.load_many(req.host_slots, pages)
         req.host_slots = []
         self.swapped.pop(req.request_id, None)
         req.pages = pages
