@@ -11,6 +11,18 @@ timing, on CUDA event pairs resolved at a later step boundary
 On CUDA with the Triton backend, decode-only steps that fit a batch bucket
 replay a captured CUDA graph (``engine.cuda_graphs``) instead of launching
 the forward kernel by kernel.
+
+A step's inputs reach the device in one non-blocking copy from one pinned
+staging buffer (``engine.staging``; a graphed step writes the graph's own
+static buffers), and the sampled tokens are the only read back. The next
+step is not prepared while this one runs (vLLM's async scheduling): its
+decode inputs are this step's sampled tokens, and which requests run, finish
+(EOS, stop strings, max tokens) and free or need pages is decided on the host
+from them. Overlapping would need the tokens fed back on the device, finishes
+handled one step late (a wasted row and its pages for every request that
+stopped) and ``Engine.step`` returning a step's tokens one step later. What
+overlaps the GPU today is the bookkeeping between the launch and the
+sampled-token read (computed counts, prefix-cache inserts, events).
 """
 
 from __future__ import annotations
