@@ -15,6 +15,7 @@ import numpy as np
 
 from db.page_states import StepPages, step_pages_from
 from db.pages import step_pages
+from db.source import connection
 from engine.engine import Engine
 
 
@@ -85,5 +86,15 @@ def mismatches(
         if mine != theirs:
             wrong.append(f"step {step}: request page lists differ")
         wrong.extend(f"step {step}: {e}" for e in got.invariant_errors())
+        # the step summary's figures (what the panels and charts plot) agree with the map
+        with connection(db) as conn:
+            row = conn.execute(
+                """SELECT pages_total, pages_used, pages_cached, pages_free FROM steps
+                   WHERE run_id = ? AND step = ?""",
+                (run_id, step),
+            ).fetchone()
+        c = got.counts()
+        if row is not None and row != (c.pool, c.used + c.cached, c.cached, c.unused):
+            wrong.append(f"step {step}: step summary {row} != page states {c}")
         wrong.extend(f"step {step} (engine): {e}" for e in truth.invariant_errors())
     return wrong

@@ -88,3 +88,45 @@ def test_the_dashboard_heatmap_lights_every_page_of_the_selected_request(shared_
     assert np.array_equal(matrix.state[:, j], probe.truth[step].state)
     fig = page_state_heatmap(matrix, rid)
     assert "shared by" in " ".join(map(str, np.asarray(fig.data[0].customdata).ravel()))
+
+
+def test_one_set_of_figures_at_the_end_of_a_run(tmp_path) -> None:
+    """The TUI at the last step, the run summary (dashboard overview, report, the
+    end-of-run summary) and ``kvscope runs`` give the same figures."""
+    import dataclasses
+
+    from db import formulas, queries
+    from db.events import CHURN_KINDS
+    from db.source import connection
+
+    path = tmp_path / "r.db"
+    run_id, probe, kinds = _record(
+        path,
+        lambda bus: tiny_engine(22, bus=bus, offload="always"),
+        _shared_prefix(8, prefix_len=16, every=1, out=20),
+    )
+    assert kinds.get("page_evicted", 0) > 0 and kinds.get("request_preempted", 0) > 0
+    summary = queries.run_summary(path, run_id)
+    with connection(path) as conn:
+        stored = dict(
+            conn.execute("SELECT name, value FROM metrics WHERE run_id = ?", (run_id,)).fetchall()
+        )
+    assert stored
+    for name, value in dataclasses.asdict(summary).items():
+        if isinstance(value, (int, float)) and name in stored:
+            assert stored[name] == pytest.approx(value), name  # what finish() stored
+    view = _view_at(path, run_id, max(probe.truth))
+    states = {r.state for r in view.requests}
+    assert states == {"finished"}
+    assert sum(r.output_tokens for r in view.requests) == summary.output_tokens
+    assert len(view.requests) == summary.requests == queries.run_info(path, run_id).requests
+    total = view.total
+    assert formulas.hit_rate(
+        total.prefix_hit_tokens, total.prefix_queried_tokens
+    ) == pytest.approx(summary.prefix_hit_rate)
+    evicted, offloaded, _, preempted = CHURN_KINDS
+    assert total.churn[evicted] == summary.evicted_pages
+    assert total.churn[offloaded] == summary.offloaded_pages
+    assert total.churn[preempted] == summary.preemptions
+    c = view.page_states.counts()
+    assert view.row.pages_cached == c.cached and view.tree_pages == c.tree >= c.cached
