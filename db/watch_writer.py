@@ -26,6 +26,7 @@ from db.watch_schema import (
     SOURCE_COUNTERS,
 )
 from db.writer import WAL_CHECKPOINT_PAGES
+from engine.errors import KvscopeError
 
 SOURCE_COLUMNS = ("source", "kind", "engine", "endpoint", "replay", "topic", "dp_rank", "listen")
 
@@ -64,6 +65,14 @@ class WatchWriter:
         has_rows = db.execute(
             "SELECT 1 FROM watch_blocks WHERE run_id = ? LIMIT 1", (r,)
         ).fetchone()
+        trimmed = db.execute(
+            "SELECT raw_trimmed_before FROM watch_agg_state WHERE run_id = ?", (r,)
+        ).fetchone()
+        if has_rows and trimmed and trimmed[0] is not None:
+            raise KvscopeError(
+                f"run {r} kept only recent raw events (--keep-raw): its cache state "
+                "cannot be rebuilt to continue it; start a new watch"
+            )
         # A run written before (a resumed watch) continues from its folded state.
         if has_rows:
             with db.atomic():
@@ -116,6 +125,30 @@ class WatchWriter:
                 "UPDATE runs SET heartbeat = ?, events_written = ?, dropped_events = ? WHERE id = ?",
                 (time.time(), self.rows_written, dropped_rows, self.run_id),
             )
+
+    def trim_raw(self, before_ns: int) -> int:
+        """Delete this run's raw block and unknown-event rows older than ``before_ns``
+        (``--keep-raw``); the aggregates the views read stay. Returns rows deleted."""
+        r = self.run_id
+        with self.db.atomic():
+            conn = self.db.conn
+            deleted = 0
+            for table in ("watch_blocks", "watch_raw"):
+                # Rows are in arrival order: the first one young enough bounds the rest.
+                row = conn.execute(
+                    f"SELECT rowid FROM {table} WHERE run_id = ? AND ts_ns >= ? "
+                    "ORDER BY rowid LIMIT 1",
+                    (r, before_ns),
+                ).fetchone()
+                bound = "" if row is None else f" AND rowid < {int(row[0])}"
+                deleted += conn.execute(
+                    f"DELETE FROM {table} WHERE run_id = ? AND ts_ns < ?{bound}", (r, before_ns)
+                ).rowcount
+            conn.execute(
+                "UPDATE watch_agg_state SET raw_trimmed_before = ? WHERE run_id = ?",
+                (before_ns, r),
+            )
+        return deleted
 
     def finish(self, status: str, dropped_rows: int) -> None:
         """Mark the run ended with ``status``."""

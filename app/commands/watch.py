@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import threading
@@ -79,6 +80,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"bind a subscriber that engines connect to (vLLM fan-in; default {DEFAULT_LISTEN})",
     )
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument(
+        "--keep-raw",
+        metavar="DURATION",
+        help="keep raw block events only this long (90s, 30m, 12h, 7d; plain numbers are "
+        "seconds): a week-long watch's file stays bounded, and every view still shows "
+        "the whole watch from its aggregates",
+    )
     p.add_argument("--json", action="store_true", help="status and summary as JSON lines")
     p.set_defaults(handler=run)
 
@@ -118,6 +126,25 @@ def _specs(args: argparse.Namespace) -> list:
     if not specs:
         raise KvscopeError("nothing to watch: give --source, --listen or --server-info")
     return specs
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """``90``, ``90s``, ``30m``, ``12h``, ``7d`` as seconds (positive and finite)."""
+    value = text.strip().lower()
+    scale = DURATION_UNITS.get(value[-1:], None)
+    number = value[:-1] if scale is not None else value
+    try:
+        seconds = float(number) * (scale or 1)
+    except ValueError:
+        raise KvscopeError(
+            f"{flag} {text!r}: give a duration such as 90s, 30m, 12h or 7d"
+        ) from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise KvscopeError(f"{flag} {text!r} must be a positive, finite duration")
+    return seconds
 
 
 def _check_url(url: str, flag: str) -> None:
@@ -179,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         raise KvscopeError("--scrape-interval must be positive")
     for url in args.metrics:
         _check_url(url, "--metrics")
+    keep_raw_s = None if args.keep_raw is None else parse_duration(args.keep_raw, "--keep-raw")
     specs = _specs(args)
     config = {
         "sources": [spec.endpoint for spec in specs],
@@ -194,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         engine=args.engine,
         scrape_interval_s=args.scrape_interval,
         config=config,
+        keep_raw_s=keep_raw_s,
     ).start()
     tty = sys.stdout.isatty() and not args.json
     started = last_t = time.monotonic()

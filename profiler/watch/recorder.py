@@ -32,6 +32,7 @@ from profiler.watch.subscriber import Stream
 from profiler.watch.wire import EventBatch
 
 log = logging.getLogger(__name__)
+TRIM_EVERY_S = 60.0
 PRESSURE_SOURCE = -1  # watch_metrics.source of kvscope's own queue depth and lag
 
 
@@ -47,6 +48,7 @@ class WatchRecorder:
         flush_interval_s: float = 0.25,
         flush_at: int = 2000,
         max_pending: int = 20_000,
+        keep_raw_s: float | None = None,
     ) -> None:
         self._db = open_db(db_path)
         self.start_ns = now_ns()
@@ -85,6 +87,11 @@ class WatchRecorder:
         self.dropped_rows = 0
         self.error: Exception | None = None
         self.last_bad_message: str | None = None
+        # --keep-raw: raw rows older than this are deleted once a minute (the
+        # aggregates stay), so a week-long watch's file stays bounded.
+        self._keep_raw_ns = None if keep_raw_s is None else int(keep_raw_s * 1e9)
+        self._trimmed_at = time.monotonic()
+        self.raw_rows_trimmed = 0
         self._pressure_shown: tuple | None = None
 
     def ts_ns(self, engine_ts: float) -> int:
@@ -253,7 +260,17 @@ class WatchRecorder:
                 log.warning("kvscope watch: write failed, rows dropped: %s", exc)
             self.error = exc
             return 0
+        if self._keep_raw_ns is not None and time.monotonic() - self._trimmed_at >= TRIM_EVERY_S:
+            self.trim_raw()
         return len(batch.blocks) + len(batch.raw)
+
+    def trim_raw(self) -> None:
+        """Delete raw rows past ``keep_raw_s`` now."""
+        self._trimmed_at = time.monotonic()
+        try:
+            self.raw_rows_trimmed += self._writer.trim_raw(now_ns() - self._keep_raw_ns)
+        except Exception as exc:  # a busy or full disk: the next minute tries again
+            log.warning("kvscope watch: trimming raw rows failed: %s", exc)
 
     def _counters(self, stream: Stream) -> tuple:
         attrs = self._attrs[stream.index]

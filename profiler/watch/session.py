@@ -72,8 +72,9 @@ class WatchSession:
         scrape_interval_s: float = 1.0,
         config: Mapping[str, Any] | None = None,
         model: str | None = None,
+        keep_raw_s: float | None = None,
     ) -> None:
-        self.recorder = WatchRecorder(db_path, dict(config or {}), model)
+        self.recorder = WatchRecorder(db_path, dict(config or {}), model, keep_raw_s=keep_raw_s)
         try:
             self.subscriber = Subscriber(specs, self.recorder)
         except KvscopeError:

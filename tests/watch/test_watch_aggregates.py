@@ -20,6 +20,7 @@ from db.store import open_db
 from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
 from db.watch_writer import WatchBatch, WatchWriter
 from db.writer import create_run
+from engine.errors import KvscopeError
 
 BLOCK = 16
 
@@ -256,3 +257,23 @@ def test_the_prefix_tree_forgets_old_unheld_leaves_past_its_bound(tmp_path, monk
     db.conn.close()
     assert tree.nodes == 9  # 13 > 10: the 4 oldest unheld leaves went, the held chain stayed
     assert (top.block_hash, top.branches, top.subtree_blocks) == (3, 10, 11)  # counted before
+
+
+def test_keep_raw_trims_raw_rows_and_the_aggregates_survive(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    db, writer, run_id = _run(path, sources=2)
+    rows = [_row(i % 2, float(i), OP_STORED, [i, i + 1000]) for i in range(10)]
+    rows += [_row(0, 10.0, OP_REMOVED, [0, 2])]
+    writer.write(WatchBatch(blocks=rows))
+    before = (q.block_stats(db, run_id), q.cached_series(db, run_id), q.misses(db, run_id))
+    assert writer.trim_raw(5 * S) == 5  # the rows stored at 0-4 s
+    left = db.execute("SELECT MIN(ts_ns), COUNT(*) FROM watch_blocks").fetchone()
+    assert left == (5 * S, 6)
+    assert (q.block_stats(db, run_id), q.cached_series(db, run_id), q.misses(db, run_id)) == before
+    writer.write(WatchBatch(blocks=[_row(1, 11.0, OP_REMOVED, [1])]))  # still folds on
+    (_, second) = q.block_stats(db, run_id)
+    assert second.lifetime_count == 1 and second.removed_unknown == 0
+    # Its cache state cannot be rebuilt from what is left: continuing it says so.
+    with pytest.raises(KvscopeError, match="--keep-raw"):
+        WatchWriter(db, run_id)
+    db.conn.close()

@@ -78,6 +78,9 @@ def test_ctrl_c_marks_the_run_interrupted(tmp_path: Path) -> None:
         ([], "nothing to watch"),
         (["--source", "tcp://h:1", "--duration", "0"], "--duration must be positive"),
         (["--source", "tcp://h:1", "--dp-size", "0"], "at least 1"),
+        (["--source", "tcp://h:1", "--keep-raw", "0"], "positive, finite duration"),
+        (["--source", "tcp://h:1", "--keep-raw", "nan"], "positive, finite duration"),
+        (["--source", "tcp://h:1", "--keep-raw", "a week"], "such as 90s, 30m"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -150,3 +153,15 @@ def test_sglang_server_info_discovery_end_to_end(tmp_path: Path, publishers, cap
         ("sglang", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}")
     ]
     conn.close()
+
+
+def test_keep_raw_durations() -> None:
+    from app.commands.watch import parse_duration
+
+    assert [parse_duration(t, "--keep-raw") for t in ("90", "90s", "30m", "12h", "7d")] == [
+        90,
+        90,
+        1800,
+        43200,
+        604800,
+    ]
