@@ -31,7 +31,7 @@ forgotten first).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 ROOT_CHAIN = 0  # the chain hash of the empty prefix
@@ -125,12 +125,14 @@ class MissReasons:
         tail: tuple[int, ...] | None,
         ts_ns: int,
         step: int,
+        token_ids: Sequence[int] | None = None,
     ) -> MissSplit:
         """Split the ``num_tokens - hit_pages * page_size`` missed tokens of one admission.
 
         ``keys`` are the radix keys of the full pages the lookup covers, from the
         first missed page on: token tuples (whose content granularity compares)
-        or a replay's opaque page keys (no granularity). ``parent`` is the chain
+        or a replay's opaque page keys (compared through ``token_ids`` when the
+        replay has them; else no granularity). ``parent`` is the chain
         hash of the last hit page (``ROOT_CHAIN`` with no hit); ``tail`` the
         tokens of the page the lookup reaches into partially, last token
         included (None when the lookup ends on a page boundary or tokens are
@@ -144,7 +146,13 @@ class MissReasons:
         diverged = False  # past the first cold page nothing was ever cached
         chain, j = parent, hit_pages
         for key in keys:
-            tokens = type(key) is tuple
+            if type(key) is tuple:
+                page = key
+            elif token_ids is not None:
+                page = tuple(token_ids[j * ps : (j + 1) * ps])
+            else:
+                page = None
+            tokens = page is not None
             if diverged and not (tokens and remember):
                 break  # nothing to remember: the rest is cold
             child = hash((chain, key))  # chain_hash, inlined: this loop is the hot path
@@ -156,12 +164,12 @@ class MissReasons:
             elif diverged:
                 cold += ps
             else:
-                shared = self._shared(chain, key) if tokens else 0
+                shared = self._shared(chain, page) if tokens else 0
                 granularity += shared
                 cold += ps - shared
                 diverged = True
             if tokens and remember:
-                self._remember(chain, child, key)  # later requests may diverge inside it
+                self._remember(chain, child, page)  # later requests may diverge inside it
             chain, j = child, j + 1
         covered = j * ps
         if tail is not None and covered + len(tail) - 1 == limit:  # the loop reached the tail

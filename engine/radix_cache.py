@@ -247,17 +247,22 @@ class RadixCache(PrefixCache):
     def explain_misses(self, tokens: list[int], hit_pages: list[int]) -> MissSplit:
         """Why the tokens of ``tokens`` past its hit ``hit_pages`` missed (see MissReasons).
 
-        Page-keyed content (a hash-id trace) has no tokens to compare: its
-        granularity is not measured and counts as cold.
+        Page-keyed content has tokens to compare only when a token trace is
+        replayed (``token_ids``); a hash-id trace's granularity is not measured
+        and counts as cold.
         """
         parent = self._by_page[hit_pages[-1]].chain if hit_pages else ROOT_CHAIN
         limit, ps = len(tokens) - 1, self.page_size
         keyed = hasattr(tokens, "page_keys")
-        tail = None if keyed or limit % ps == 0 else tuple(tokens[limit - limit % ps : limit + 1])
+        ids = getattr(tokens, "token_ids", None) if keyed else tokens  # a token trace replayed
+        tail = (
+            None if ids is None or limit % ps == 0 else tuple(ids[limit - limit % ps : limit + 1])
+        )
         keys = self._blocks(tokens, limit, len(hit_pages))
         return self.misses.classify(
-            keys, len(tokens), len(hit_pages), parent, tail, now_ns(), self.step
-        )
+            keys, len(tokens), len(hit_pages), parent, tail, now_ns(), self.step,
+            ids if keyed else None,
+        )  # fmt: skip
 
     def peek(self, tokens: list[int]) -> int:
         """The tokens ``match`` would hit now (offloaded pages count: they reload), with

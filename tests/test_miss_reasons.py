@@ -11,6 +11,8 @@ requests then evict A's second page; A once more misses it for lack of capacity.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from db.miss_reasons import miss_line, request_miss_reasons, run_miss_reasons
@@ -18,6 +20,8 @@ from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.events import EventBus, PrefixLookup, PrefixMiss
 from engine.miss_reasons import ROOT_CHAIN, MissReasons, chain_hash
+from engine.replay.driver import ReplayConfig, ReplayDriver
+from engine.replay.traces import read_replay_trace
 from engine.sampler import SamplingParams
 from profiler.recorder import Recorder
 from tests.tiny_model import tiny_loaded
@@ -96,3 +100,25 @@ def test_memory_is_bounded_by_the_caps():
         misses.classify(iter([page]), 5, 0, ROOT_CHAIN, None, 0, 0)
         misses.classify(iter([page]), 5, 0, chain_hash(ROOT_CHAIN, page), None, 0, 0)
         assert misses.remembered[1] <= 10
+
+
+def test_a_replayed_token_trace_gets_the_same_reasons(tmp_path):
+    """The replay drives the same code: the trace above as kvscope JSONL with token ids,
+    at unlimited capacity (nothing evicted) and at two pages of cache (A's two pages are
+    gone when A comes last)."""
+    path = tmp_path / "trace.jsonl"
+    path.write_text(
+        "".join(json.dumps({"prompt_token_ids": t, "max_tokens": 1}) + "\n" for t in TRACE)
+    )
+    trace = read_replay_trace(path, "kvscope")
+    for capacity, hits, capacity_missed in ((None, 20, 0), (8, 12, 8)):
+        driver = ReplayDriver(trace, ReplayConfig(capacity_tokens=capacity, page_size=4))
+        result = driver.run()
+        misses = result.extra["miss_reasons"]
+        assert result.hit_tokens == hits
+        assert (misses["capacity"], misses["granularity"], misses["last_token"]) == (
+            capacity_missed,
+            4,
+            6,
+        )
+        assert misses["cold"] == 30

@@ -282,6 +282,7 @@ class ReplayDriver:
             p.space,
             p.uses[index] if p.uses is not None else None,
             [] if self.config.cache_outputs else None,
+            e.tokens,
         )
         emit = self.bus.active
         ts = now_ns()

@@ -53,7 +53,7 @@ class PageTokens:
     they have no key, and the radix cache stores only the prompt's pages.
     """
 
-    __slots__ = ("keys", "length", "uses", "tail", "space")
+    __slots__ = ("keys", "length", "uses", "tail", "space", "token_ids")
 
     def __init__(
         self,
@@ -62,18 +62,22 @@ class PageTokens:
         space: KeySpace,
         uses: list[int] | None = None,
         tail: list[int] | None = None,
+        token_ids: list[int] | None = None,
     ) -> None:
         self.keys = keys
         self.length = length
         self.space = space
         self.uses = uses  # next use of each page's content (belady), aligned with keys
         self.tail = tail  # the output pages' keys, shared by every view of one request
+        # A token trace's prompt ids: only the miss reasons read them (granularity:
+        # content shared inside a page, engine/miss_reasons.py); hash-id traces have none.
+        self.token_ids = token_ids
 
     def __len__(self) -> int:
         return self.length
 
     def _view(self, length: int) -> PageTokens:
-        return PageTokens(self.keys, length, self.space, self.uses, self.tail)
+        return PageTokens(self.keys, length, self.space, self.uses, self.tail, self.token_ids)
 
     def __add__(self, other: list[int]) -> PageTokens:
         return self._view(self.length + len(other)) if other else self
