@@ -639,6 +639,20 @@ def engine_series(source: Source, run_id: int) -> list[EngineSeries]:
     return out
 
 
+QUEUE_METRIC = "kvscope:watch_queue_batches"
+LAG_METRIC = "kvscope:watch_lag_seconds"
+PRESSURE_SOURCE = -1  # the recorder's own samples (profiler.watch.recorder)
+
+
+def back_pressure(source: Source, run_id: int) -> tuple[list[MetricPoint], list[MetricPoint]]:
+    """The recorder's queue depth (batches) and lag (s) when they changed: empty
+    when it always kept up."""
+    return (
+        metric_series(source, run_id, QUEUE_METRIC, metrics_source=PRESSURE_SOURCE),
+        metric_series(source, run_id, LAG_METRIC, metrics_source=PRESSURE_SOURCE),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Incident:
     t_s: float

@@ -282,6 +282,21 @@ def misses_figure(points: Sequence[q.MissPoint]) -> go.Figure:
     return fig
 
 
+def pressure_figure(queue: Sequence[q.MetricPoint], lag: Sequence[q.MetricPoint]) -> go.Figure:
+    """kvscope's own queue: batches waiting to be written, and how long the oldest waited."""
+    fig = _figure("Recorder back-pressure", "batches queued")
+    if not queue:
+        return _empty(fig, "the recorder kept up: nothing ever waited")
+    fig.add_scatter(
+        x=[p.t_s for p in queue], y=[p.value for p in queue], name="queued", mode="lines"
+    )
+    fig.add_scatter(
+        x=[p.t_s for p in lag], y=[p.value for p in lag], name="lag (s)", mode="lines", yaxis="y2"
+    )
+    fig.update_layout(yaxis2={"title": "lag (s)", "overlaying": "y", "side": "right"})
+    return fig
+
+
 HISTOGRAM_TITLES = {
     "lifetime": "lifetime (stored to removed)",
     "idle_before_evict": "idle before eviction",
@@ -324,6 +339,8 @@ class WatchPageData:
     histograms: dict[str, list[q.HistogramBin]]
     engines: list[q.EngineSeries]
     incidents: list[q.Incident]
+    queue: list[q.MetricPoint] = ()  # the recorder's own back-pressure
+    lag: list[q.MetricPoint] = ()
 
 
 def load(source: q.Source, run_id: int, window: q.Window | None = None) -> WatchPageData:
@@ -341,6 +358,7 @@ def load(source: q.Source, run_id: int, window: q.Window | None = None) -> Watch
         {name: q.histogram(source, run_id, name) for name in HISTOGRAM_TITLES},
         q.engine_series(source, run_id),
         q.incidents(source, run_id, newest=INCIDENTS_SHOWN),
+        *q.back_pressure(source, run_id),
     )
 
 
@@ -372,6 +390,7 @@ def layout(data: WatchPageData) -> html.Div:
             html.P(tree_line(data.tree)),
             _table(prefix_rows(data.prefixes), "watch-prefixes"),
             *[dcc.Graph(figure=engine_metrics_figure(series)) for series in data.engines],
+            dcc.Graph(figure=pressure_figure(data.queue, data.lag)),
             html.H3("Incidents"),
             _table(incident_rows(data.incidents), "watch-incidents"),
         ],

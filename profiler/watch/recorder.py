@@ -21,6 +21,7 @@ from typing import Any
 
 from db.schema import COMPLETE
 from db.store import open_db
+from db.watch_queries import LAG_METRIC, PRESSURE_SOURCE, QUEUE_METRIC
 from db.watch_schema import EVENTS_SOURCE, METRICS_SOURCE, OP_RESET, WATCH_KIND
 from db.watch_writer import WatchBatch, WatchWriter
 from db.writer import create_run
@@ -33,7 +34,6 @@ from profiler.watch.wire import EventBatch
 
 log = logging.getLogger(__name__)
 TRIM_EVERY_S = 60.0
-PRESSURE_SOURCE = -1  # watch_metrics.source of kvscope's own queue depth and lag
 
 
 class WatchRecorder:
@@ -233,8 +233,8 @@ class WatchRecorder:
             self._pressure_shown = pressure
             stamp = now_ns()
             batch.metrics += [
-                (PRESSURE_SOURCE, stamp, "kvscope:watch_queue_batches", "", float(depth)),
-                (PRESSURE_SOURCE, stamp, "kvscope:watch_lag_seconds", "", lag),
+                (PRESSURE_SOURCE, stamp, QUEUE_METRIC, "", float(depth)),
+                (PRESSURE_SOURCE, stamp, LAG_METRIC, "", lag),
             ]
         pending = self._take(self._batches)
         self._room.set()

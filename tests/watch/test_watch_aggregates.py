@@ -277,3 +277,28 @@ def test_keep_raw_trims_raw_rows_and_the_aggregates_survive(tmp_path: Path) -> N
     with pytest.raises(KvscopeError, match="--keep-raw"):
         WatchWriter(db, run_id)
     db.conn.close()
+
+
+def test_back_pressure_is_recorded_when_batches_wait(tmp_path: Path) -> None:
+    import time
+
+    from profiler.watch.recorder import WatchRecorder
+    from profiler.watch.sources import expand_sources
+    from profiler.watch.subscriber import Stream
+    from profiler.watch.wire import EventBatch
+
+    recorder = WatchRecorder(tmp_path / "w.db", {})
+    stream = Stream(recorder.next_source_index(), expand_sources("tcp://h:1")[0], None, "")
+    recorder.new_stream(stream)
+    for seq in range(30):  # not started: nothing flushes until asked
+        recorder.on_batch(stream, seq, EventBatch(time.time() - 2.0, []))
+    assert recorder.queued == 30 and recorder.lag_s >= 2.0
+    recorder.flush()
+    recorder.flush()  # drained: the drop to 0 is recorded once, then nothing
+    recorder.flush()
+    queue, lag = q.back_pressure(recorder._db, recorder.run_id)
+    recorder.finish()
+    assert [p.value for p in queue] == [30.0, 0.0] and lag[0].value >= 2.0
+    data = watch_page.load(tmp_path / "w.db", recorder.run_id)
+    fig = watch_page.pressure_figure(data.queue, data.lag)
+    assert list(fig.data[0].y) == [30.0, 0.0]
