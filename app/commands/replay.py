@@ -282,10 +282,12 @@ class RecordSession:
 
         def throttled(event: Any) -> None:
             # A replay emits faster than SQLite takes rows: wait for the writer rather
-            # than let the recorder's bounded queue drop events.
-            if len(recorder._queue) > 150_000:
-                while len(recorder._queue) > 20_000:
-                    time.sleep(0.005)
+            # than let the recorder's bounded queue drop events. Small batches also keep
+            # each write transaction short, so two workers recording into one database
+            # take turns well within SQLite's busy timeout.
+            if recorder.queued > 20_000:
+                while recorder.queued > 5_000:
+                    time.sleep(0.002)
             on_event(event)
 
         bus.subscribe(throttled)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -31,18 +32,36 @@ class Session(Protocol):
 _STATE: dict[str, Any] = {}
 
 
-def _run_point(index: int) -> tuple[int, ReplayResult, Any]:
+def _stop_requested() -> None:
+    stop = _STATE.get("stop")
+    if stop is not None and stop.is_set():
+        raise KeyboardInterrupt
+
+
+def _ignore_sigint() -> None:
+    # Workers stop when the parent says so (a Ctrl-C reaches the whole process group),
+    # at a step boundary, so each marks its run interrupted instead of dying mid-write.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_point(index: int) -> tuple[int, ReplayResult | None, Any]:
     trace: ReplayTrace = _STATE["trace"]
     config: ReplayConfig = _STATE["configs"][index]
     prepared: Prepared = _STATE["prepared"][config.page_size]
     session: Session | None = _STATE["session"]
+    in_worker = _STATE.get("stop") is not None
+    if in_worker and _STATE["stop"].is_set():
+        return index, None, None  # never started: nothing recorded
     bus, close = (None, None) if session is None else session.open(config)
     driver = ReplayDriver(trace, config, bus=bus, prepared=prepared)
     try:
-        result = driver.run()
-    except BaseException:
+        result = driver.run(throttle=_stop_requested if in_worker else None)
+    except BaseException as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt)
         if close is not None:
-            close(driver.result(), "interrupted")
+            close(driver.result(), "interrupted" if interrupted else "failed")
+        if interrupted and in_worker:
+            return index, None, None
         raise
     extra = close(result, "complete") if close is not None else None
     return index, result, extra
@@ -72,7 +91,9 @@ def run_sweep(
             results = map(_run_point, range(len(configs)))
             pool = None
         else:
-            pool = multiprocessing.get_context("fork").Pool(workers)
+            ctx = multiprocessing.get_context("fork")
+            _STATE["stop"] = ctx.Event()
+            pool = ctx.Pool(workers, initializer=_ignore_sigint)
             # Longest points first (unlimited and large capacities evict least but hold most).
             order = sorted(
                 range(len(configs)), key=lambda i: -(configs[i].capacity_tokens or 1 << 62)
@@ -80,9 +101,22 @@ def run_sweep(
             results = pool.imap_unordered(_run_point, order)
         try:
             for done, (index, result, extra) in enumerate(results, start=1):
+                if result is None:
+                    continue
                 out[index] = (result, extra)
                 if progress is not None:
                     progress(done, len(configs), configs[index], result)
+        except KeyboardInterrupt:
+            if pool is not None:
+                # Tell the workers, and let them mark their runs interrupted (a second
+                # Ctrl-C gives up waiting).
+                _STATE["stop"].set()
+                pool.close()
+                try:
+                    pool.join()
+                except KeyboardInterrupt:
+                    pass
+            raise
         finally:
             if pool is not None:
                 pool.terminate()
