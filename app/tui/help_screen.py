@@ -11,7 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from app.tui.keys import BINDINGS, OTHER_KEYS
-from app.tui.palette import STATE_COLOURS, STATE_NAMES
+from app.tui.palette import SHARED_SHADES, STATE_COLOURS, STATE_NAMES
 
 PANELS = (
     ("Page occupancy", "one cell per KV page (several per cell when they do not fit)"),
@@ -44,8 +44,11 @@ def help_table() -> Table:
     for code, name in STATE_NAMES.items():
         legend.append("■ ", style=STATE_COLOURS[code]).append(f"{name}  ")
     legend.append("■", style="#4e79a7").append("■", style="#f28e2b").append(
-        " one colour per request"
+        " private: one colour per request  "
     )
+    for shade in SHARED_SHADES:
+        legend.append("■", style=shade)
+    legend.append(" shared by 2 / 3-4 / 5-8 / 9+ requests (larger cells show the count)")
     table.add_row(Text("Page map", style="bold underline #e5e9f0"), legend)
     return table
 
