@@ -8,6 +8,13 @@ beside the machine's measured copy bandwidth. Calls rotate over enough
 distinct layer pools that the cache cannot hold the working set, as in a real
 forward pass; each figure is the best of ``--repeats`` rounds. Run:
 ``.venv/bin/python bench/cpu_decode.py [--json]``.
+
+``--engine`` measures the whole batch-1 decode step instead (the engine's
+``step()`` over 64 new tokens, real model, each run in a fresh process), per
+weight format; with ``--baseline REV`` it alternates runs of this checkout and
+of commit REV (a git worktree), so a noisy shared machine shifts both alike:
+
+    .venv/bin/python bench/cpu_decode.py --engine --baseline 6191dc4 --repeats 5
 """
 
 from __future__ import annotations
@@ -15,7 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -77,16 +90,87 @@ def measure(batch: int, context: int, page_size: int, kv_dtype: str, repeats: in
     }
 
 
+ROOT = Path(__file__).resolve().parents[1]
+# One batch-1 decode of 64 greedy tokens after a warm-up; prints tokens/s.
+ENGINE_PROGRAM = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+torch.set_num_threads(int(sys.argv[3]))
+from engine.engine import Engine
+from engine.engine_config import EngineConfig
+from engine.sampler import SamplingParams
+engine = Engine(EngineConfig(kv_budget_bytes=1 << 28, weights_dtype=sys.argv[2], prefix_cache=False))
+ids = engine.codec.encode("Write a short story about the sea number 0.")
+engine.generate([ids], SamplingParams(max_tokens=8))  # warm-up
+engine.add_request(ids, SamplingParams(max_tokens=65, ignore_eos=True))
+engine.step()  # prefill and the first token
+t0 = time.perf_counter()
+produced = 0
+while engine.has_unfinished():
+    produced += len(engine.step())
+print(json.dumps(produced / (time.perf_counter() - t0)))
+"""
+
+
+def engine_rate(root: Path, weights_dtype: str, threads: int) -> float:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(root)}
+    proc = subprocess.run(
+        [sys.executable, "-c", ENGINE_PROGRAM, str(root), weights_dtype, str(threads)],
+        capture_output=True, text=True, env=env, cwd=root, timeout=600,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(f"kvscope: error: decode run failed: {proc.stderr.strip()[-400:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def engine_main(args: argparse.Namespace) -> None:
+    """Batch-1 decode tokens/s per weight format, alternating with a baseline commit."""
+    trees = {"now": ROOT}
+    tmp = tempfile.TemporaryDirectory()
+    if args.baseline:
+        base = Path(tmp.name) / "base"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base), args.baseline], check=True)  # fmt: skip
+        trees = {f"before ({args.baseline})": base, "now": ROOT}
+    try:
+        rates: dict[tuple[str, str], list[float]] = {}
+        for _ in range(args.repeats):
+            for fmt in args.weights:
+                for label, root in trees.items():
+                    rates.setdefault((label, fmt), []).append(engine_rate(root, fmt, args.threads))
+    finally:
+        if args.baseline:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)  # fmt: skip
+        tmp.cleanup()
+    if args.json:
+        print(json.dumps({f"{k[0]}|{k[1]}": v for k, v in rates.items()}))
+        return
+    print(
+        f"batch-1 decode, 64 tokens, {args.threads} threads, medians (min-max) of {args.repeats}, tokens/s"
+    )
+    for (label, fmt), values in rates.items():
+        print(
+            f"{label:>20} {fmt:>5}: {statistics.median(values):6.1f}  ({min(values):.1f}-{max(values):.1f})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", action="store_true", help="time whole decode steps")
+    parser.add_argument("--baseline", metavar="REV", help="with --engine: alternate with REV")
+    parser.add_argument("--weights", nargs="+", default=["fp32", "bf16", "int8"])
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kv-format", default="fp32")
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print rows as JSON")
     args = parser.parse_args()
+    if args.engine:
+        engine_main(args)
+        return
     copy_gbs = copy_bandwidth()
     rows = [
-        measure(b, c, args.page_size, args.kv_dtype, args.repeats)
+        measure(b, c, args.page_size, args.kv_format, args.repeats)
         for b in BATCHES
         for c in CONTEXTS
     ]
@@ -98,7 +182,7 @@ def main() -> None:
         )
         return
     print(
-        f"torch decode path, {args.kv_dtype} KV, page size {args.page_size}, "
+        f"torch decode path, {args.kv_format} KV, page size {args.page_size}, "
         f"{torch.get_num_threads()} threads; copy bandwidth {copy_gbs:.1f} GB/s (read + write)"
     )
     print(f"{'batch':>5} {'context':>7} {'ms/call':>8} {'tokens/s':>9} {'GB/s':>6}")

@@ -25,7 +25,7 @@ ATTENTION_MODES = ("full", "infllm")
 # host tier each step) is the analysis upper bound, not a serving mode.
 INFLLM_REPRS = ("centroid", "attended", "exact")
 INFLLM_KV_DTYPES = ("fp32", "fp16", "bf16")  # infllm summarises blocks from the keys in the pages
-WEIGHT_DTYPES = ("auto", "fp32", "bf16", "int8")
+WEIGHT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")
 LOAD_FORMATS = ("auto", "dummy")
 
 
@@ -49,7 +49,7 @@ class EngineConfig:
     max_batched_tokens: int = 2048  # per-step token budget (chunked prefill splits longer prompts)
     chunked_prefill: bool = True
     max_num_seqs: int = 64
-    weights_dtype: str = "fp32"  # fp32 (exact, the oracle path) | bf16 | int8 | auto
+    weights_dtype: str = "fp32"  # fp32 (exact, the oracle path) | bf16 | int8 | int4 | auto
     page_map_every: int = 4  # steps between page-occupancy snapshots
     # ... and at least this long between them: a GPU steps every few ms, and a map of
     # 100k pages costs ~1-2 ms to build and ~20 kB to store. None = 0.1 s on CUDA, 0 on CPU.
@@ -83,8 +83,9 @@ class EngineConfig:
         if self.page_map_interval_s is None:
             self.page_map_interval_s = 0.1 if self.device.startswith("cuda") else 0.0
         check(
-            not (self.weights_dtype == "int8" and self.device.startswith("cuda")),
-            "int8 weights run on the CPU only (torch has no CUDA int8 weight GEMM); use bf16",
+            not (self.weights_dtype in ("int8", "int4") and self.device.startswith("cuda")),
+            f"{self.weights_dtype} weights run on the CPU only (the engine has no CUDA kernel "
+            "for them); use bf16",
         )
         check(self.page_size >= 1, f"page size must be >= 1, got {self.page_size}")
         check(

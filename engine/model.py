@@ -57,12 +57,14 @@ class Projection:
                 torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
             )
             self.scales = scales.to(torch.bfloat16)
+        elif fmt == "int4":
+            self.weight, self.scales = _int4_pack(weight.float())
         else:
             raise ModelLoadError(
                 f"unknown weights dtype {fmt!r}; choose one of {', '.join(WEIGHT_DTYPES)}"
             )
         self.bias = None if bias is None else bias.to(activation_dtype(fmt))
-        self.weight_t = self.weight.t() if fmt != "int8" else None  # a view, for addmm
+        self.weight_t = self.weight.t() if fmt in ("fp32", "bf16") else None  # a view, for addmm
 
     @property
     def nbytes(self) -> int:
@@ -70,16 +72,47 @@ class Projection:
         return self.weight.numel() * self.weight.element_size() + extra
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fmt != "int8":
+        if self.weight_t is not None:
             return F.linear(x, self.weight, self.bias)
-        out = torch._weight_int8pack_mm(x, self.weight, self.scales)
+        if self.fmt == "int8":
+            out = torch._weight_int8pack_mm(x, self.weight, self.scales)
+        else:
+            out = torch._weight_int4pack_mm_for_cpu(x, self.weight, INT4_GROUP, self.scales)
         return out if self.bias is None else out + self.bias
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual + proj(x)`` (no bias: o_proj and down have none in Llama models)."""
-        if self.fmt == "int8" or self.bias is not None or x.dim() != 2:
+        if self.weight_t is None or self.bias is not None or x.dim() != 2:
             return residual + self(x)
         return torch.addmm(residual, x, self.weight_t)
+
+
+INT4_GROUP = 32  # Q4_1's block: a Q4_1 checkpoint's weights come back exactly on this grid
+
+
+def _int4_pack(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit groups of 32 along the input dim, packed for torch's CPU int4 GEMM.
+
+    Per group, ``w = q * d + m`` with ``q`` in 0..15, ``d = (max - min) / 15`` and
+    ``m = min``: llama.cpp's Q4_1 format, so weights dequantized from a Q4_1 file land
+    back on their own grid. torch's kernel dequantizes ``(q - 8) * scale + zero``,
+    so ``zero = m + 8 d``; scale and zero are stored in bf16 (the kernel's dtype).
+    """
+    out_dim, in_dim = weight.shape
+    if in_dim % INT4_GROUP:
+        raise ModelLoadError(
+            f"int4 weights need in-features divisible by {INT4_GROUP}, got {in_dim}"
+        )
+    groups = weight.view(out_dim, in_dim // INT4_GROUP, INT4_GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-10)
+    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+    packed = torch._convert_weight_to_int4pack_for_cpu(
+        q.view(out_dim, in_dim).to(torch.int32).contiguous(), 1
+    )
+    zero = low + 8 * scale
+    scales = torch.stack((scale, zero), -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    return packed, scales  # scales: [in / 32, out, 2]
 
 
 def activation_dtype(weights_dtype: str) -> torch.dtype:
@@ -197,9 +230,10 @@ class DecoderModel:
         if config.tie_embeddings and weights_dtype in ("fp32", "bf16"):
             self.lm_head = Projection(self.embed, weights_dtype)  # one tensor, not two
         else:
-            self.lm_head = proj(
-                "model.embed_tokens.weight" if config.tie_embeddings else "lm_head.weight"
-            )
+            # int4 keeps the LM head in int8: GGUF files store the (tied) embeddings at
+            # 8 bits (SmolLM2's Q4_1 file: Q8_0), and 4-bit logits cost accuracy.
+            head = take("model.embed_tokens.weight" if config.tie_embeddings else "lm_head.weight")
+            self.lm_head = Projection(head, "int8" if weights_dtype == "int4" else weights_dtype)
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."

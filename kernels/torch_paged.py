@@ -22,8 +22,9 @@ from kernels.torch_sdpa import sdpa_one
 
 def _decode_gather_index(
     meta: AttentionMetadata, rows: list[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Padded page ids [B * max_pages] and key mask [B, 1, 1, max_pages * page_size]."""
+) -> tuple[torch.Tensor, torch.Tensor | int]:
+    """Padded page ids [B * max_pages] and key mask [B, 1, 1, max_pages * page_size], or
+    instead of the mask the one length every request has."""
     indptr = meta.kv_indptr.tolist()
     counts = [indptr[r + 1] - indptr[r] for r in rows]
     max_pages = max(counts)
@@ -31,7 +32,12 @@ def _decode_gather_index(
     index = torch.zeros(len(rows), max_pages, dtype=torch.long, device=device)
     for b, r in enumerate(rows):
         index[b, : counts[b]] = meta.kv_indices[indptr[r] : indptr[r + 1]].long()
-    lens = torch.tensor([meta.kv_lens[r] for r in rows], device=device)
+    host_lens = [meta.kv_lens[r] for r in rows]
+    if len(set(host_lens)) == 1:
+        # Equal lengths (batch 1 always): the keys are cut to that length instead, and
+        # SDPA runs unmasked (a mask costs it two extra ops and a slower kernel).
+        return index.flatten(), host_lens[0]
+    lens = torch.tensor(host_lens, device=device)
     positions = torch.arange(max_pages * meta.page_size, device=device)
     mask = (positions[None, :] < lens[:, None])[:, None, None, :]
     return index.flatten(), mask
@@ -93,6 +99,8 @@ def _decode(
         x.view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
         for x in _gather(kv_pages, scales, kv_dtype, page_ids, q.dtype, meta.cache)
     )
+    if isinstance(mask, int):  # every request holds this many tokens
+        k, v, mask = k[:, :, :mask], v[:, :, :mask], None
     # The query heads of a GQA group are their KV head's query rows: no K/V repeat.
     qg = q.view(batch, num_kv_heads, -1, head_dim)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)

@@ -143,3 +143,24 @@ def test_fused_engine_matches_torch_engine(weights_dtype: str, kv_dtype: str) ->
     torch_err = (logits(weights_dtype, kv_dtype, False, "torch") - exact).abs().max().item()
     fused_err = (got - exact).abs().max().item()
     assert fused_err <= 2 * torch_err + 1e-3, (fused_err, torch_err)
+
+
+def test_int4_weights_reproduce_a_q4_1_grid(seed: int) -> None:
+    """Weights already on a Q4_1 grid (what a Q4_1 GGUF dequantizes to) survive int4
+    packing up to the bf16 scales: the product is as close as bf16 weights' product."""
+    from engine.model import Projection
+
+    out_dim, in_dim = 96, 128
+    d = torch.rand(out_dim, in_dim // 32, 1) * 0.01 + 1e-3
+    m = -torch.rand(out_dim, in_dim // 32, 1) * 0.05
+    q = torch.randint(0, 16, (out_dim, in_dim // 32, 32)).float()
+    q[..., 0], q[..., 1] = 0, 15  # Q4_1 sets d = (max - min) / 15, m = min: both ends are used
+    w = (q * d + m).view(out_dim, in_dim)
+    x = torch.randn(3, in_dim).bfloat16()
+    ref = x.double() @ w.double().t()
+    err4 = (Projection(w, "int4")(x).double() - ref).abs().max().item()
+    err16 = (Projection(w, "bf16")(x).double() - ref).abs().max().item()
+    assert err4 <= 2 * err16 + 1e-3, f"seed {seed}: int4 {err4} vs bf16 {err16}"
+    residual = torch.randn(3, out_dim).bfloat16()
+    summed = Projection(w, "int4").add(x, residual)
+    torch.testing.assert_close(summed.double(), ref + residual.double(), rtol=0.02, atol=0.05)
