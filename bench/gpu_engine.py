@@ -254,9 +254,8 @@ def correctness(report: Report, device: str, smoke: bool, workdir: Path) -> dict
         )
 
         # bf16 weights: teacher-forced top-1 agreement with the fp32 reference.
-        bf16 = Engine(  # scoring runs eagerly: no graphs to capture
-            EngineConfig(model=str(folder), device=device, weights_dtype="bf16", enforce_eager=True)
-        )
+        # Graphs on: score's 1-token chunks replay them (score crashed there before).
+        bf16 = Engine(EngineConfig(model=str(folder), device=device, weights_dtype="bf16"))
         agree = total = 0
         for p, ref in zip(prompts, reference, strict=True):
             seq = p + ref
@@ -265,12 +264,20 @@ def correctness(report: Report, device: str, smoke: bool, workdir: Path) -> dict
             logits = bf16.score(seq)
             agree += int((logits.argmax(-1) == ref_logits.argmax(-1)).sum())
             total += len(seq)
+        # One sequence token by token: every 1-token chunk replays a decode graph on CUDA.
+        seq = prompts[0] + reference[0]
+        by_token = bf16.score(seq, chunk=1).argmax(-1) == bf16.score(seq).argmax(-1)
+        graph_score = float(by_token.float().mean())
+        report.add(
+            "correctness", f"{config.name} bf16 score by token = chunked", graph_score, "top-1"
+        )
         report.add("correctness", f"{config.name} bf16 top-1 agreement", agree / total)
         results[config.name] = {
             "exact": same,
             "prompts": len(prompts),
             **seen,
             "bf16_top1": agree / total,
+            "score_by_token_top1": graph_score,
             "ok": ok,
         }
         del engine, bf16, model

@@ -31,6 +31,7 @@ def test_gpu_engine_smoke_writes_its_figures_and_a_recorded_run(tmp_path):
         assert part["exact"] == part["prompts"] == 8
         assert part["preempted"] > 0 and part["chunks"] > 0 and part["prefix_hit_tokens"] > 0
         assert 0.8 < part["bf16_top1"] <= 1.0
+        assert 0.9 < part["score_by_token_top1"] <= 1.0
     batches = figures["throughput"]["batches"]
     assert set(batches) == {"1", "4", "8"}
     assert all(b["tok_s"] > 0 and b["transformers_tok_s"] > 0 for b in batches.values())
