@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,16 +93,17 @@ def _positive_int(record: dict, key: str, where: str) -> int:
     return value
 
 
-def read_trace(path: str | Path) -> list[TraceRequest]:
-    """Read JSONL: one object per line with ``prompt_len``, ``output_len``, optional ``arrival_s``."""
+def jsonl_records(path: str | Path, comments: bool = False) -> Iterator[tuple[str, dict]]:
+    """``(path:line, object)`` for each non-blank line of a JSONL file (and, with
+    ``comments``, not starting with ``#``); a bad line raises ``KvscopeError`` naming it."""
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise KvscopeError(f"cannot read trace {path}: {exc.strerror}") from None
-    requests = []
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise KvscopeError(f"cannot read trace {path}: {reason}") from None
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
+        if not line.strip() or (comments and line.lstrip().startswith("#")):
             continue
         where = f"{path}:{number}"
         try:
@@ -110,6 +112,14 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
             raise KvscopeError(f"{where}: not valid JSON ({exc.msg})") from None
         if not isinstance(record, dict):
             raise KvscopeError(f"{where}: expected a JSON object")
+        yield where, record
+
+
+def read_trace(path: str | Path) -> list[TraceRequest]:
+    """Read JSONL: one object per line with ``prompt_len``, ``output_len``, optional ``arrival_s``."""
+    path = Path(path)
+    requests = []
+    for where, record in jsonl_records(path):
         arrival = record.get("arrival_s", 0.0)
         if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or arrival < 0:
             raise KvscopeError(f"{where}: arrival_s must be a number >= 0, got {arrival!r}")

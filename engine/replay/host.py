@@ -8,22 +8,18 @@ slots are free, and how long a page's copy over the device's host link takes
 
 from __future__ import annotations
 
+from engine.host_tier import HostTier
 
-class SlotTier:
-    def __init__(self, num_slots: int, page_copy_s: float = 0.0) -> None:
+
+class SlotTier(HostTier):
+    """``HostTier``'s slot bookkeeping (free list, release, integrity) without its tensors."""
+
+    def __init__(self, num_slots: int, page_copy_s: float = 0.0) -> None:  # no super(): no tensors
         self.num_slots = num_slots
         self.page_copy_s = page_copy_s
         self._free = list(range(num_slots - 1, -1, -1))
         self.copy_s = 0.0  # modelled copy seconds since the driver last took them
         self.stores = self.loads = 0
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        return self.num_slots - len(self._free)
 
     def store(self, page: int) -> tuple[int, float]:
         self.stores += 1
@@ -37,10 +33,6 @@ class SlotTier:
         return self.page_copy_s
 
     def release(self, slot: int) -> None:
+        # HostTier's double-free check scans the free list (O(slots)); a replay's host tier
+        # may hold millions of pages, and check_integrity catches a double free anyway.
         self._free.append(slot)
-
-    def check_integrity(self, held: set[int]) -> None:
-        free = set(self._free)
-        assert len(free) == len(self._free), "host slot twice in the free list"
-        assert not (free & held), "host slot both free and held"
-        assert len(free) + len(held) == self.num_slots, "host slots leaked"

@@ -25,13 +25,13 @@ content, extra ids are ignored; the command warns with the count.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import KvscopeError
 from engine.replay.tokens import NEVER, KeySpace
+from engine.traces import jsonl_records
 
 FORMATS = ("mooncake", "bailian", "kvscope")
 DEFAULT_BLOCK_SIZE = {"mooncake": 512, "bailian": 16}
@@ -126,24 +126,10 @@ def read_replay_trace(
     path = Path(path)
     if fmt is not None and fmt not in FORMATS:
         raise KvscopeError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise KvscopeError(f"cannot read trace {path}: {reason}") from None
     entries: list[TraceEntry] = []
     short = long = 0
     bs = block_size
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise KvscopeError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict):
-            raise KvscopeError(f"{where}: expected a JSON object")
+    for where, record in jsonl_records(path, comments=True):
         if fmt is None:
             fmt = detect_format(record)
             if fmt is None:
