@@ -140,5 +140,9 @@ def test_kvscope_replay_replicas_prints_and_returns_the_routings(capsys, tmp_pat
     text = capsys.readouterr().out
     assert "Why missed tokens missed" in text and "2 replicas" in text
     assert "least-loaded" in text
-    assert main([*argv, "--routing", "random"]) == 2
+    db = tmp_path / "none.db"
+    assert main([*argv, "--routing", "random", "--db", str(db)]) == 2
     assert "unknown routing 'random'" in capsys.readouterr().err
+    assert main([*argv, "--replicas", "8", "--db", str(db)]) == 2  # 3 tokens a replica
+    assert "less than one page" in capsys.readouterr().err
+    assert not db.exists()  # refused before anything was recorded

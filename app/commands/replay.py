@@ -432,6 +432,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     points, caps = configs(args, trace)
+    if args.replicas > 1:
+        check_replicas(args, points)  # refuse now, before any point runs or is recorded
     session = None
     if args.db is not None:
         # Everything above may refuse the input: only now does anything touch the database.
@@ -573,17 +575,27 @@ def miss_table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def check_replicas(args: argparse.Namespace, points: list[ReplayConfig]) -> None:
+    """Known routings, and at least one page of capacity per replica."""
+    for name in _list(args.routing):
+        if name not in ROUTINGS:
+            raise KvscopeError(f"unknown routing {name!r}; choose from {', '.join(ROUTINGS)}")
+    for config in points:
+        cap = config.capacity_tokens
+        if cap is not None and cap // args.replicas < config.page_size:
+            raise KvscopeError(
+                f"--capacity {cap} over {args.replicas} replicas is less than one page "
+                f"of {config.page_size} tokens each"
+            )
+
+
 def replica_rows(
     args: argparse.Namespace, trace: ReplayTrace, points: list[ReplayConfig]
 ) -> list[dict[str, Any]]:
     """Each capacity point of the sweep again over ``--replicas`` engines, per routing."""
-    routings = _list(args.routing)
-    for name in routings:
-        if name not in ROUTINGS:
-            raise KvscopeError(f"unknown routing {name!r}; choose from {', '.join(ROUTINGS)}")
     out = []
     for config in points:
-        for name in routings:
+        for name in _list(args.routing):
             result = replay_replicas(trace, config, args.replicas, name)
             out.append(
                 {
