@@ -13,6 +13,7 @@ overwrites per batch). Times are seconds since the run's start (``t_s``).
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 from collections import defaultdict
@@ -81,6 +82,31 @@ class WatchSource:
     def label(self) -> str:
         rank = "" if self.dp_rank is None else f" dp{self.dp_rank}"
         return f"{self.source}: {self.endpoint}{rank}"
+
+
+def attrs_summary(attrs: str | None) -> str:
+    """A source's newer per-event fields in a few words: hybrid groups and their
+    spec kinds, LoRAs, session ids, cache salts, locality, ownership, extra keys."""
+    try:
+        a = json.loads(attrs or "{}")
+    except ValueError:
+        return ""
+    parts = []
+    groups = a.get("groups") or {}
+    if len(groups) > 1 or any(kind not in (None, "full_attention") for kind in groups.values()):
+        parts.append("groups " + " ".join(f"{g}:{kind or '?'}" for g, kind in groups.items()))
+    if a.get("lora_names"):
+        parts.append("LoRA " + ", ".join(a["lora_names"]))
+    for key, name in (("session_ids", "sessions"), ("cache_salts", "cache salts")):
+        seen = a.get(key) or {}
+        if seen.get("count"):
+            parts.append(f"{'>=' if seen.get('at_least') else ''}{seen['count']:,} {name}")
+    for key in ("localities", "ownerships"):
+        if a.get(key):
+            parts.append(f"{key[:-3]}y " + ", ".join(a[key]))
+    if a.get("extra_keys_events"):
+        parts.append(f"extra keys on {a['extra_keys_events']:,} stores")
+    return "; ".join(parts)
 
 
 def watch_sources(source: Source, run_id: int) -> list[WatchSource]:
@@ -267,6 +293,8 @@ class BlockStats:
     new_blocks: int = 0  # stored while held on no medium of the source: prefill paid
     routing_misses: int = 0
     copies: dict[str | None, int] = field(default_factory=dict)  # physical copies, by medium
+    # blocks held now by "medium/group": hybrid models' groups apart
+    by_group: dict[str, int] = field(default_factory=dict)
 
 
 def _quantile(bins: list[tuple[int, int]], q: float) -> float | None:
@@ -304,11 +332,15 @@ def block_stats(source: Source, run_id: int) -> list[BlockStats]:
         ).fetchall()
         live: dict[int, dict] = defaultdict(lambda: defaultdict(int))
         copies: dict[int, dict] = defaultdict(lambda: defaultdict(int))
-        for src, medium, blocks, n in conn.execute(
-            "SELECT source, medium, blocks, copies FROM watch_live WHERE run_id = ?", (run_id,)
+        groups: dict[int, dict] = defaultdict(dict)
+        for src, medium, group, blocks, n in conn.execute(
+            "SELECT source, medium, group_idx, blocks, copies FROM watch_live WHERE run_id = ?",
+            (run_id,),
         ):
             live[src][_medium(medium)] += blocks
             copies[src][_medium(medium)] += n
+            if blocks:
+                groups[src][f"{_medium(medium) or '?'}/{group}"] = blocks
         lifetimes = _histograms(conn, run_id, "lifetime")
     out = []
     for row in rows:
@@ -332,6 +364,7 @@ def block_stats(source: Source, run_id: int) -> list[BlockStats]:
                 values["new_blocks"],
                 values["routing_misses"],
                 {m: n for m, n in copies[src].items() if n},
+                groups[src],
             )
         )
     return out

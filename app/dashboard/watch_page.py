@@ -141,6 +141,8 @@ def source_rows(sources: Sequence[q.WatchSource]) -> list[dict]:
             "lost": s.lost_batches,
             "restarts": s.restarts,
             "disconnects": s.disconnects,
+            "bad messages": s.bad_messages,
+            "fields": q.attrs_summary(s.attrs),
         }
         for s in sources
     ]
@@ -164,6 +166,9 @@ def block_rows(stats: Sequence[q.BlockStats]) -> list[dict]:
             "recomputed after eviction": s.recomputed,
             "routing misses": s.routing_misses,
             "removed unknown": s.removed_unknown,
+            "by group": ", ".join(f"{k}: {n}" for k, n in sorted(s.by_group.items()))
+            if len({k.split("/")[-1] for k in s.by_group}) > 1
+            else "",
             "cleared": s.clears,
             "restarts": s.resets,
             "lifetime p50 s": seconds(s.lifetime_p50_s),

@@ -55,6 +55,16 @@ def sources_table(sources: Sequence[q.WatchSource]) -> Table:
     return table
 
 
+def fields_text(sources: Sequence[q.WatchSource]) -> Text:
+    """The newer per-event fields each source sent (groups, LoRAs, sessions, salts)."""
+    text = Text()
+    for s in sources:
+        summary = q.attrs_summary(s.attrs)
+        if summary:
+            text.append(f"{s.label}: {summary}\n", style="#8c9bb0")
+    return text
+
+
 def blocks_table(stats: Sequence[q.BlockStats]) -> Table:
     """Per source: cached blocks by medium, reuse, churn, clears and lifetimes."""
     table = Table(title="blocks", expand=True, title_justify="left")
@@ -164,6 +174,7 @@ def snapshot(source: q.Source, run_id: int) -> WatchSnapshot:
 def render(snap: WatchSnapshot) -> RenderableType:
     return Group(
         sources_table(snap.sources),
+        fields_text(snap.sources),
         blocks_table(snap.stats),
         misses_text(snap.misses),
         fleet_text(snap.duplication, snap.prefixes),

@@ -61,6 +61,9 @@ KNOWN_FIELDS: dict[str, frozenset[str]] = {
     ALL_BLOCKS_CLEARED: frozenset(("type",)),
 }
 
+# Kept per source as summaries (profiler.watch.rows.SourceAttrs).
+EXTRA_FIELDS = ("session_id", "cache_salt", "locality", "ownership", "extra_keys")
+
 _SEQ = struct.Struct(">Q")
 _SIGNED_SEQ = struct.Struct(">q")
 _TWO_64 = 1 << 64
@@ -107,6 +110,9 @@ class KvEvent(msgspec.Struct, gc=False):
     lora_name: str | None = None
     spec_kind: str | None = None
     unknown: dict[str, Any] = {}
+    # The newer per-event fields when any is set (session_id, cache_salt, locality,
+    # ownership, extra_keys): summarised per source, not stored per event.
+    extra: dict[str, Any] = {}
 
 
 @dataclass(slots=True)
@@ -165,6 +171,12 @@ def decode_event(raw: Any) -> KvEvent:
     if type(hashes) is not list:
         raise KvscopeError(f"block_hashes is {type(hashes).__name__}, expected a list")
     parent = get("parent_block_hash")
+    extra = {k: fields[k] for k in EXTRA_FIELDS if fields.get(k) is not None}
+    if "extra_keys" in extra and not (
+        isinstance(extra["extra_keys"], list) and any(extra["extra_keys"])
+    ):
+        del extra["extra_keys"]  # [None, None, ...]: nothing to keep
+    extra = extra or _NOTHING
     return KvEvent(
         kind,
         [v - _TWO_64 if v > _MAX_INT64 else v for v in hashes],
@@ -175,6 +187,7 @@ def decode_event(raw: Any) -> KvEvent:
         get("lora_name"),
         get("kv_cache_spec_kind"),
         unknown,
+        extra,
     )
 
 
@@ -218,15 +231,25 @@ def _fast_batch(payload: bytes) -> EventBatch | None:
         hashes = [v - _TWO_64 if v > _MAX_INT64 else v for v in e.block_hashes]
         if cls is _STORED:
             p = e.parent_block_hash
+            extra = _NOTHING
+            if e.session_id is not None or e.cache_salt is not None or e.locality is not None \
+                    or e.ownership is not None or e.extra_keys is not None:  # fmt: skip
+                extra = {k: getattr(e, k) for k in EXTRA_FIELDS if getattr(e, k) is not None}
+                if extra.get("extra_keys") is not None and not any(extra["extra_keys"]):
+                    del extra["extra_keys"]  # [None, None, ...]: nothing to keep
             append(
                 KvEvent(BLOCK_STORED, hashes,
                         p if p is None or p <= _MAX_INT64 else p - _TWO_64,
                         e.block_size, e.medium, e.group_idx, e.lora_name, e.kv_cache_spec_kind,
-                        _NOTHING)
+                        _NOTHING, extra)
             )  # fmt: skip
         else:
+            extra = _NOTHING
+            if e.locality is not None or e.ownership is not None:
+                extra = {k: getattr(e, k) for k in ("locality", "ownership")
+                         if getattr(e, k) is not None}  # fmt: skip
             append(KvEvent(BLOCK_REMOVED, hashes, None, None, e.medium, e.group_idx, None, None,
-                           _NOTHING))  # fmt: skip
+                           _NOTHING, extra))  # fmt: skip
     return EventBatch(ts, events, dp_rank)
 
 

@@ -302,3 +302,16 @@ def test_back_pressure_is_recorded_when_batches_wait(tmp_path: Path) -> None:
     data = watch_page.load(tmp_path / "w.db", recorder.run_id)
     fig = watch_page.pressure_figure(data.queue, data.lag)
     assert list(fig.data[0].y) == [30.0, 0.0]
+
+
+def test_hybrid_groups_are_held_apart(tmp_path: Path) -> None:
+    db, writer, run_id = _run(tmp_path / "w.db", sources=1)
+    full = _row(0, 0.0, OP_STORED, [1, 2, 3])
+    window = (0, 0, 0, OP_STORED, "[1,9]", None, "GPU", 1, 2)  # group 1: a sliding window
+    writer.write(WatchBatch(blocks=[full, window, (0, 0, S, OP_REMOVED, "[1]", None, "GPU", 1, 1)]))
+    (stats,) = q.block_stats(db, run_id)
+    db.conn.close()
+    assert stats.by_group == {"GPU/0": 3, "GPU/1": 1} and stats.cached == {"GPU": 4}
+    assert stats.new_blocks == 4  # hash 1 in group 1 is not prefill paid again
+    (row,) = watch_page.block_rows([stats])
+    assert row["by group"] == "GPU/0: 3, GPU/1: 1"

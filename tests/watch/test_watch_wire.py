@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import msgpack
 import pytest
 from hypothesis import given
@@ -158,3 +160,44 @@ def test_map_and_positional_shapes_decode_alike(hashes, parent, dp_rank) -> None
     assert m.parent_block_hash == p.parent_block_hash
     assert (m.block_size, m.medium) == (p.block_size, p.medium)
     assert as_map.dp_rank == positional.dp_rank == dp_rank
+
+
+def test_newer_fields_are_kept_per_source_and_shown() -> None:
+    """vLLM's group_idx / kv_cache_spec_kind / session_id / locality / ownership /
+    extra_keys / STORAGE and SGLang's cache_salt, on both decode paths."""
+    import msgspec
+
+    from db.watch_queries import attrs_summary
+    from profiler.watch.rows import SourceAttrs, batch_rows
+
+    stored = {
+        "type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
+        "token_ids": [], "block_size": 16, "lora_id": None, "medium": "STORAGE",
+        "lora_name": "adapter-a", "extra_keys": [None, ["img", 3]], "group_idx": 1,
+        "kv_cache_spec_kind": "sliding_window", "session_id": "s-1", "locality": "local",
+        "ownership": "owned", "cache_salt": "salt-9",
+    }  # fmt: skip
+    full = {**stored, "group_idx": 0, "kv_cache_spec_kind": "full_attention", "session_id": "s-2"}
+    removed = {"type": "BlockRemoved", "block_hashes": [1], "medium": "STORAGE", "group_idx": 1,
+               "ownership": "shared"}  # fmt: skip
+    for unknown in ({}, {"brand_new_field": 1}):  # the typed fast path, and the general one
+        payload = msgspec.msgpack.encode([1.0, [stored | unknown, full, removed], 0])
+        batch = decode_payload(payload)
+        attrs = SourceAttrs()
+        blocks, raw, hashes = [], [], []
+        batch_rows(0, 0, 0, batch, attrs, blocks, raw, hashes)
+        assert [row[6] for row in blocks] == ["STORAGE"] * 3 and [row[7] for row in blocks] == [
+            1,
+            0,
+            1,
+        ]
+        kept = json.loads(attrs.as_json())
+        assert kept["groups"] == {"0": "full_attention", "1": "sliding_window"}
+        assert kept["session_ids"]["count"] == 2 and kept["cache_salts"]["examples"] == ["salt-9"]
+        assert (kept["localities"], kept["ownerships"]) == (["local"], ["owned", "shared"])
+        assert kept["extra_keys_events"] == 2 and kept["lora_names"] == ["adapter-a"]
+        summary = attrs_summary(attrs.as_json())
+        assert "groups 0:full_attention 1:sliding_window" in summary
+        assert (
+            "2 sessions" in summary and "1 cache salts" in summary and "LoRA adapter-a" in summary
+        )
