@@ -152,7 +152,8 @@ async def test_quitting_early_stops_the_job(tmp_path: Path) -> None:
 @aio
 async def test_detaching_lets_the_job_finish_headless(tmp_path: Path) -> None:
     path = tmp_path / "detach.db"
-    app = KvscopeApp(path, job=engine_job(path, step_pause_s=0.05, **SMALL), refresh_s=0.05)
+    # slow steps: the job must still be running when the user quits on a loaded machine
+    app = KvscopeApp(path, job=engine_job(path, step_pause_s=0.25, **SMALL), refresh_s=0.05)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for_view(pilot, app, lambda v: v.row is not None)
         assert not app.job_done.is_set()
