@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -669,6 +670,91 @@ def engine_series(source: Source, run_id: int) -> list[EngineSeries]:
                 ratio_of_rates(series("itl", "_sum"), series("itl", "_count")),
             )
         )
+    return out
+
+
+RESIDENCY_METRICS = {
+    "lifetime": "vllm:kv_block_lifetime_seconds_bucket",
+    "idle_before_evict": "vllm:kv_block_idle_before_evict_seconds_bucket",
+    "reuse_gap": "vllm:kv_block_reuse_gap_seconds_bucket",
+}
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _labels(text: str) -> dict[str, str]:
+    return dict(_LABEL.findall(text or ""))
+
+
+def residency(source: Source, run_id: int) -> dict[str, list[HistogramBin]]:
+    """vLLM's sampled residency histograms (``--kv-cache-metrics``) as of each metrics
+    source's latest scrape, summed over sources and label sets: per bucket (not
+    cumulative), named as kvscope's own (``histogram``). Empty without the flag."""
+    out: dict[str, list[HistogramBin]] = {}
+    with connection(source) as conn:
+        for figure, name in RESIDENCY_METRICS.items():
+            # The newest value of every (source, labels) series: buckets are kept
+            # only when they change, so each series' own latest row, not one scrape.
+            rows = conn.execute(
+                # SQLite takes the bare columns from the row of MAX(ts_ns).
+                "SELECT labels, value, MAX(ts_ns) FROM watch_metrics WHERE run_id = ? AND "
+                "name = ? GROUP BY source, labels",
+                (run_id, name),
+            ).fetchall()
+            cumulative: dict[float, float] = defaultdict(float)
+            for labels, value, _ in rows:
+                le = _labels(labels).get("le")
+                if le is not None:
+                    cumulative[math.inf if le == "+Inf" else float(le)] += value
+            bins, low, below = [], 0.0, 0.0
+            for high in sorted(cumulative):
+                bins.append(HistogramBin(low, high, int(cumulative[high] - below)))
+                low, below = high, cumulative[high]
+            if bins:
+                out[figure] = bins
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSources:
+    """vLLM's prompt tokens by where their KV came from, and its external cache."""
+
+    source: int
+    by_source_per_s: dict[str, list[MetricPoint]]  # prompt_tokens_cached_by_source rate
+    external_hit_rate: list[MetricPoint]  # rate(external hits) / rate(external queries)
+
+
+def cache_sources(source: Source, run_id: int) -> list[CacheSources]:
+    """``vllm:prompt_tokens_cached_by_source_total{source}`` as rates per source label
+    and the external prefix cache's hit rate (an offload tier, LMCache), per
+    metrics source that reports them."""
+    out = []
+    with connection(source) as conn:
+        origin = run_origin(conn, run_id)
+        for (src,) in conn.execute(
+            "SELECT source FROM watch_sources WHERE run_id = ? AND kind = 'metrics' "
+            "ORDER BY source",
+            (run_id,),
+        ).fetchall():
+            by_label: dict[str, list[MetricPoint]] = defaultdict(list)
+            for ts, labels, value in conn.execute(
+                "SELECT ts_ns, labels, SUM(value) FROM watch_metrics WHERE run_id = ? AND name = ? "
+                "AND source = ? GROUP BY ts_ns, labels ORDER BY ts_ns",
+                (run_id, "vllm:prompt_tokens_cached_by_source_total", src),
+            ):
+                kind = _labels(labels).get("source", "?")
+                by_label[kind].append(MetricPoint((ts - origin) / 1e9, value))
+            hits = metric_series(conn, run_id, "vllm:external_prefix_cache_hits_total",
+                                 metrics_source=src)  # fmt: skip
+            queries = metric_series(conn, run_id, "vllm:external_prefix_cache_queries_total",
+                                    metrics_source=src)  # fmt: skip
+            if by_label or hits:
+                out.append(
+                    CacheSources(
+                        src,
+                        {k: counter_rate(v) for k, v in sorted(by_label.items())},
+                        ratio_of_rates(hits, queries),
+                    )
+                )
     return out
 
 

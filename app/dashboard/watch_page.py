@@ -287,6 +287,26 @@ def misses_figure(points: Sequence[q.MissPoint]) -> go.Figure:
     return fig
 
 
+def cache_sources_figure(sources: Sequence[q.CacheSources]) -> go.Figure:
+    """vLLM's cached prompt tokens per second by where the KV came from."""
+    fig = _figure("Cached prompt tokens by source (vLLM /metrics)", "tokens/s")
+    if not sources:
+        return _empty(fig, "no vllm:prompt_tokens_cached_by_source_total scraped")
+    for cs in sources:
+        for kind, points in cs.by_source_per_s.items():
+            fig.add_scatter(
+                x=[p.t_s for p in points], y=[p.value for p in points],
+                name=f"{cs.source} {kind}", mode="lines",
+            )  # fmt: skip
+        if cs.external_hit_rate:
+            last = cs.external_hit_rate[-1].value
+            fig.add_annotation(
+                text=f"source {cs.source}: external prefix cache hit rate {last:.1%} (latest)",
+                showarrow=False, xref="paper", yref="paper", x=0, y=1.08, xanchor="left",
+            )  # fmt: skip
+    return fig
+
+
 def pressure_figure(queue: Sequence[q.MetricPoint], lag: Sequence[q.MetricPoint]) -> go.Figure:
     """kvscope's own queue: batches waiting to be written, and how long the oldest waited."""
     fig = _figure("Recorder back-pressure", "batches queued")
@@ -302,6 +322,7 @@ def pressure_figure(queue: Sequence[q.MetricPoint], lag: Sequence[q.MetricPoint]
     return fig
 
 
+VLLM_RESIDENCY_TITLE = "vLLM's residency histograms (/metrics, sampled: --kv-cache-metrics)"
 HISTOGRAM_TITLES = {
     "lifetime": "lifetime (stored to removed)",
     "idle_before_evict": "idle before eviction",
@@ -310,15 +331,19 @@ HISTOGRAM_TITLES = {
 }
 
 
-def histograms_figure(hists: dict[str, list[q.HistogramBin]]) -> go.Figure:
-    """kvscope's residency histograms from the events (every block, not a sample)."""
+def histograms_figure(
+    hists: dict[str, list[q.HistogramBin]],
+    title: str = "Block residency from the events (all blocks)",
+) -> go.Figure:
+    """kvscope's residency histograms from the events (every block, not a sample),
+    or vLLM's sampled ones from /metrics (``--kv-cache-metrics``)."""
     fig = make_subplots(
         rows=1, cols=len(HISTOGRAM_TITLES), subplot_titles=list(HISTOGRAM_TITLES.values())
     )
     fig.update_layout(
         template="plotly_white",
         height=320,
-        title="Block residency from the events (all blocks)",
+        title=title,
         showlegend=False,
         uirevision="watch",
     )
@@ -344,6 +369,8 @@ class WatchPageData:
     histograms: dict[str, list[q.HistogramBin]]
     engines: list[q.EngineSeries]
     incidents: list[q.Incident]
+    residency: dict[str, list[q.HistogramBin]] | None = None  # vLLM's sampled ones, from /metrics
+    cache_sources: list[q.CacheSources] = ()
     queue: list[q.MetricPoint] = ()  # the recorder's own back-pressure
     lag: list[q.MetricPoint] = ()
 
@@ -363,6 +390,8 @@ def load(source: q.Source, run_id: int, window: q.Window | None = None) -> Watch
         {name: q.histogram(source, run_id, name) for name in HISTOGRAM_TITLES},
         q.engine_series(source, run_id),
         q.incidents(source, run_id, newest=INCIDENTS_SHOWN),
+        q.residency(source, run_id),
+        q.cache_sources(source, run_id),
         *q.back_pressure(source, run_id),
     )
 
@@ -388,6 +417,12 @@ def layout(data: WatchPageData) -> html.Div:
             _table(miss_rows(data.misses), "watch-misses"),
             dcc.Graph(figure=misses_figure(data.miss_series)),
             dcc.Graph(figure=histograms_figure(data.histograms)),
+            *(
+                [dcc.Graph(figure=histograms_figure(data.residency, VLLM_RESIDENCY_TITLE))]
+                if data.residency
+                else []
+            ),
+            dcc.Graph(figure=cache_sources_figure(data.cache_sources)),
             html.H3("Duplicated KV across replicas"),
             _table(duplication_rows(data.duplication), "watch-duplication"),
             dcc.Graph(figure=duplication_figure(data.duplicate_series)),

@@ -82,6 +82,12 @@ def watch_figures(
         (watch_page.cached_blocks_figure(data.cached_series, labels), True),
         (watch_page.misses_figure(data.miss_series), True),
         (watch_page.histograms_figure(data.histograms), True),
+        *(
+            [(watch_page.histograms_figure(data.residency, watch_page.VLLM_RESIDENCY_TITLE), True)]
+            if data.residency
+            else []
+        ),
+        (watch_page.cache_sources_figure(data.cache_sources), True),
         (watch_page.duplication_figure(data.duplicate_series), True),
         *((watch_page.engine_metrics_figure(series), True) for series in data.engines),
     ]

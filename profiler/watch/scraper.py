@@ -2,7 +2,8 @@
 
 Only ``vllm:`` and ``sglang:`` samples are kept, and of histograms only
 ``_sum`` and ``_count`` (enough for mean TTFT/ITL over any window; buckets
-would multiply the rows by ~20). A failed scrape is an incident, not an error:
+would multiply the rows by ~20), but for vLLM's three KV residency histograms,
+whose buckets are kept when they change. A failed scrape is an incident, not an error:
 the engine may be restarting.
 """
 
@@ -25,13 +26,36 @@ def fetch_text(url: str, timeout_s: float = TIMEOUT_S) -> str:
         return response.read().decode("utf-8", errors="replace")
 
 
-def sample_rows(source: int, ts_ns: int, text: str) -> list[tuple]:
-    """``watch_metrics`` rows for one scrape's text."""
-    return [
-        (source, ts_ns, s.name, label_text(s.labels), s.value)
-        for s in parse(text)
-        if s.name.startswith(PREFIXES) and not s.name.endswith(("_bucket", "_created"))
-    ]
+# vLLM's residency histograms (--kv-cache-metrics): their buckets are kept, when
+# they change, so the views can draw them beside kvscope's own from the events.
+RESIDENCY = (
+    "vllm:kv_block_lifetime_seconds_bucket",
+    "vllm:kv_block_idle_before_evict_seconds_bucket",
+    "vllm:kv_block_reuse_gap_seconds_bucket",
+)
+
+
+def sample_rows(
+    source: int, ts_ns: int, text: str, last_buckets: dict | None = None
+) -> list[tuple]:
+    """``watch_metrics`` rows for one scrape's text; ``last_buckets`` (kept by the
+    caller) drops residency buckets unchanged since the previous scrape."""
+    rows = []
+    for s in parse(text):
+        name = s.name
+        if not name.startswith(PREFIXES) or name.endswith("_created"):
+            continue
+        labels = label_text(s.labels)
+        if name.endswith("_bucket"):
+            if name not in RESIDENCY:
+                continue
+            if last_buckets is not None:
+                key = (source, name, labels)
+                if last_buckets.get(key) == s.value:
+                    continue
+                last_buckets[key] = s.value
+        rows.append((source, ts_ns, name, labels, s.value))
+    return rows
 
 
 class Scraper:
@@ -51,6 +75,7 @@ class Scraper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing: set[int] = set()
+        self._buckets: dict[tuple, float] = {}  # residency buckets as last recorded
         self.scrapes = 0
         self.errors = 0  # failed scrapes, every one (the incidents count outages)
         self.last_error: str | None = None  # while a target is failing, why
@@ -58,7 +83,7 @@ class Scraper:
     def scrape_once(self) -> None:
         for source, url in self._targets:
             try:
-                rows = sample_rows(source, now_ns(), fetch_text(url))
+                rows = sample_rows(source, now_ns(), fetch_text(url), self._buckets)
             except (OSError, ValueError, urllib.error.URLError) as exc:
                 self.errors += 1
                 reason = getattr(exc, "reason", None) or exc

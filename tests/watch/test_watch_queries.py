@@ -133,3 +133,58 @@ def test_sglang_hit_rate_sums_cache_sources_over_prompt_tokens(tmp_path) -> None
     db.conn.close()
     assert series.usage_level == "tokens" and [p.value for p in series.usage] == [0.5] * 4
     assert [round(p.value, 9) for p in series.hit_rate] == [0.4, 0.4, 0.4]
+
+
+def _scrape_text(n: int) -> str:
+    lines = ["# TYPE vllm:kv_block_lifetime_seconds histogram"]
+    for le, count in (("0.1", 2 * n), ("1.0", 5 * n), ("+Inf", 6 * n)):
+        lines.append(f'vllm:kv_block_lifetime_seconds_bucket{{engine="0",le="{le}"}} {count}')
+    lines += [
+        f'vllm:kv_block_lifetime_seconds_count{{engine="0"}} {6 * n}',
+        f'vllm:kv_block_lifetime_seconds_sum{{engine="0"}} {3.0 * n}',
+        f'vllm:prompt_tokens_cached_by_source_total{{engine="0",source="local"}} {100 * n}',
+        f'vllm:prompt_tokens_cached_by_source_total{{engine="0",source="external"}} {10 * n}',
+        f'vllm:external_prefix_cache_queries_total{{engine="0"}} {40 * n}',
+        f'vllm:external_prefix_cache_hits_total{{engine="0"}} {10 * n}',
+        f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="1.0"}} {n}',  # not kept
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_vllm_residency_histograms_and_cache_sources(tmp_path) -> None:
+    from profiler.watch.scraper import sample_rows
+
+    db = open_db(tmp_path / "m.db")
+    run_id = create_run(
+        db, kind="watch", model=None, config={}, hardware={}, versions={},
+        started_at=0.0, start_ns=0,
+    )  # fmt: skip
+    last: dict = {}
+    rows = []
+    for n in (1, 2, 2, 3):  # the third scrape repeats the second: its buckets are not kept
+        rows += sample_rows(0, n * 1_000_000_000 + (n == 2) * len(rows), _scrape_text(n), last)
+    names = [r[2] for r in rows]
+    assert names.count("vllm:kv_block_lifetime_seconds_bucket") == 9  # 3 changes x 3 buckets
+    assert "vllm:time_to_first_token_seconds_bucket" not in names
+    source = (0, "metrics", "vllm", "http://h/metrics", None, None, None, 0)
+    WatchWriter(db, run_id).write(WatchBatch(sources=[source], metrics=rows))
+    hist = q.residency(db, run_id)
+    assert [(b.high_s, b.count) for b in hist["lifetime"]] == [
+        (0.1, 6),
+        (1.0, 9),
+        (float("inf"), 3),
+    ]
+    (cache,) = q.cache_sources(db, run_id)
+    db.conn.close()
+    assert {k: round(v[-1].value) for k, v in cache.by_source_per_s.items()} == {
+        "external": 10,
+        "local": 100,
+    }
+    assert [round(p.value, 6) for p in cache.external_hit_rate][-1] == 0.25
+    from app.dashboard import watch_page
+
+    fig = watch_page.histograms_figure(hist, watch_page.VLLM_RESIDENCY_TITLE)
+    assert list(fig.data[0].y) == [6, 9, 3] and "sampled" in fig.layout.title.text
+    lines = watch_page.cache_sources_figure([cache])
+    assert sorted(t.name for t in lines.data) == ["0 external", "0 local"]
+    assert "hit rate 25.0%" in lines.layout.annotations[0].text
