@@ -15,7 +15,10 @@ import json
 
 import pytest
 
+from app.tui.requests_table import COLUMNS, field_value, row_cells
 from db.miss_reasons import miss_line, request_miss_reasons, run_miss_reasons
+from db.requests import requests_at, requests_table
+from db.source import Position, connection
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.events import EventBus, PrefixLookup, PrefixMiss
@@ -122,3 +125,27 @@ def test_a_replayed_token_trace_gets_the_same_reasons(tmp_path):
             6,
         )
         assert misses["cold"] == 30
+
+
+def test_request_tables_show_each_requests_split(recorded):
+    _, _, db, run_id = recorded
+    rows = requests_table(db, run_id)
+    got = [
+        (r.missed_cold, r.missed_capacity, r.missed_granularity, r.missed_last_token) for r in rows
+    ]
+    assert got == EXPECTED  # the dashboard's requests page and the report's tables
+    with connection(db) as conn:
+        step, ts_ns = conn.execute(
+            "SELECT step, ts_ns FROM steps WHERE run_id = ? AND step = 2", (run_id,)
+        ).fetchone()
+        states = requests_at(conn, Position(run_id, step, ts_ns), 1e9, None)
+    # The TUI at step 2: requests 0..2 admitted (their splits so far), the rest not yet.
+    by_id = {s.request_id: s for s in states}
+    assert [field_value(by_id[i], "misses.main") for i in range(3)] == [
+        "cold",
+        "granularity",  # 1 granularity, 1 last token: a tie goes to the first in REASONS
+        "cold",
+    ]
+    assert all(by_id[i].misses is None for i in by_id if i > 2)
+    cells = dict(zip((c.key for c in COLUMNS), row_cells(by_id[2]), strict=True))
+    assert cells["misses.main"].plain == "cold" and cells["misses.capacity"].plain == "0"
