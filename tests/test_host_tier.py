@@ -73,3 +73,14 @@ def test_the_kv_manager_does_not_import_infllm():
     code = "import sys, engine.kv_manager; print('engine.infllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_replay_slot_tier_moves_batches_without_tensors():
+    """The KV manager swaps through store_many/load_many; a replay's tier has no tensors."""
+    from engine.replay.host import SlotTier
+
+    tier = SlotTier(4, page_copy_s=0.5)
+    slots, seconds = tier.store_many([7, 8, 9])
+    assert len(set(slots)) == 3 and seconds == 1.5 and tier.num_free == 1
+    assert tier.load_many(slots, [1, 2, 3]) == 1.5
+    assert (tier.num_free, tier.stores, tier.loads) == (4, 3, 3)

@@ -32,6 +32,13 @@ class SlotTier(HostTier):
         self.release(slot)
         return self.page_copy_s
 
+    def store_many(self, pages: list[int]) -> tuple[list[int], float]:
+        slots = [self.store(page)[0] for page in pages]
+        return slots, self.page_copy_s * len(pages)
+
+    def load_many(self, slots: list[int], pages: list[int]) -> float:
+        return sum(self.load(slot, page) for slot, page in zip(slots, pages, strict=True))
+
     def release(self, slot: int) -> None:
         # HostTier's double-free check scans the free list (O(slots)); a replay's host tier
         # may hold millions of pages, and check_integrity catches a double free anyway.
