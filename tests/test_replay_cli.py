@@ -176,3 +176,23 @@ def test_a_recorded_run_replays_with_the_same_sharing(capsys, tmp_path):
     # content ids rebuilt from the page events share exactly what the trace's hash ids shared
     ceiling = [p for p in again["points"] if p["capacity_tokens"] is None][0]
     assert ceiling["hit_tokens"] == unlimited["hit_tokens"]
+
+
+def test_the_answer_names_the_smallest_capacity_reaching_90_percent(capsys, tmp_path):
+    plot = tmp_path / "hit.html"
+    args = ("--limit", "100", "--capacity", "1e4,2M,6e6", "--eviction-policy", "lru", "--quiet")
+    code, out, err = run_cli(
+        capsys, "replay", str(SLICE), *args, "--plot", str(plot), "--workers", "1"
+    )
+    assert code == 0, err
+    assert plot.exists() and "unlimited" in plot.read_text()
+    code, js, _ = run_cli(capsys, "replay", str(SLICE), *args, "--json", "--workers", "1")
+    report = json.loads(js)
+    rates = {p["capacity_tokens"]: p["hit_rate"] for p in report["points"]}
+    [answer] = report["answers"]
+    target = 0.9 * rates[None]
+    smallest = min(c for c, r in rates.items() if c is not None and r >= target)
+    assert answer["capacity_tokens"] == smallest
+    assert f"{smallest:,} tokens of prefix cache" in out
+    # 128 KiB a token for llama3-8b in fp16
+    assert answer["capacity_bytes"] == smallest * 131072
