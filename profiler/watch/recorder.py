@@ -11,6 +11,7 @@ stays bounded and nothing is lost without being counted.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import threading
@@ -19,7 +20,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from db.schema import COMPLETE
+from db.schema import COMPLETE, RUNNING
 from db.store import open_db
 from db.watch_queries import LAG_METRIC, PRESSURE_SOURCE, QUEUE_METRIC
 from db.watch_schema import EVENTS_SOURCE, METRICS_SOURCE, OP_RESET, WATCH_KIND
@@ -36,6 +37,33 @@ log = logging.getLogger(__name__)
 TRIM_EVERY_S = 60.0
 
 
+def _resumable(db: Any, config: Mapping[str, Any]) -> tuple[int, float, int] | None:
+    """The newest watch run of the same sources that is not running and kept its
+    raw rows (so its cache state can be rebuilt): (run id, started_at, start_ns)."""
+    sources = config.get("sources")
+    if not sources:
+        return None
+    for run_id, status, started_at, start_ns, raw in db.execute(
+        "SELECT id, status, started_at, start_ns, config FROM runs WHERE kind = ? ORDER BY id DESC",
+        (WATCH_KIND,),
+    ).fetchall():
+        try:
+            old = json.loads(raw or "{}")
+        except ValueError:
+            continue
+        if old.get("sources") != list(sources) or old.get("engine") != config.get("engine"):
+            continue
+        if status == RUNNING:
+            return None  # another watch is writing it, or died: do not write over it
+        trimmed = db.execute(
+            "SELECT raw_trimmed_before FROM watch_agg_state WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        if trimmed and trimmed[0] is not None:
+            return None  # --keep-raw: its cache state cannot be rebuilt; a new run
+        return run_id, started_at, start_ns
+    return None
+
+
 class WatchRecorder:
     """Creates a run of kind 'watch'; ``start()``, feed it, ``finish(status)``."""
 
@@ -49,22 +77,59 @@ class WatchRecorder:
         flush_at: int = 2000,
         max_pending: int = 20_000,
         keep_raw_s: float | None = None,
+        resume: bool = True,
     ) -> None:
         self._db = open_db(db_path)
-        self.start_ns = now_ns()
-        self.started_at = time.time()
-        self.run_id = create_run(
-            self._db,
-            kind=WATCH_KIND,
-            model=model,
-            config=config,
-            hardware={},
-            versions=describe_versions(),
-            started_at=self.started_at,
-            start_ns=self.start_ns,
-        )
+        previous = _resumable(self._db, config) if resume else None
+        # Stored sources of a resumed run: (endpoint, topic, dp_rank) -> their row
+        self._stored: dict[tuple, dict[str, Any]] = {}
+        self._stored_metrics: dict[str, int] = {}  # URL -> source
+        if previous is None:
+            self.start_ns = now_ns()
+            self.started_at = time.time()
+            self.run_id = create_run(
+                self._db,
+                kind=WATCH_KIND,
+                model=model,
+                config=config,
+                hardware={},
+                versions=describe_versions(),
+                started_at=self.started_at,
+                start_ns=self.start_ns,
+            )
+            first_index = 0
+        else:
+            # The same sources watched before into this file: continue that run, so its
+            # sequence numbers, cache state and totals carry on (gaps replayed or lost).
+            self.run_id, self.started_at, self.start_ns = previous
+            self._db.execute(
+                "UPDATE runs SET status = ?, ended_at = NULL, heartbeat = ?, writer_pid = ? "
+                "WHERE id = ?",
+                (RUNNING, time.time(), os.getpid(), self.run_id),
+            )
+            self._db.conn.commit()
+            rows = self._db.execute(
+                "SELECT * FROM watch_sources WHERE run_id = ?", (self.run_id,)
+            ).fetchall()
+            names = [
+                d[0] for d in self._db.execute("SELECT * FROM watch_sources LIMIT 0").description
+            ]
+            for row in rows:
+                stored = dict(zip(names, row, strict=True))
+                if stored["kind"] == EVENTS_SOURCE:
+                    key = (stored["endpoint"], stored["topic"] or "", stored["dp_rank"])
+                    self._stored[key] = stored
+                else:
+                    self._stored_metrics[stored["endpoint"]] = stored["source"]
+            first_index = 1 + max((r[names.index("source")] for r in rows), default=-1)
+        self.resumed = previous is not None
         self._writer = WatchWriter(self._db, self.run_id)
-        self._indexes = itertools.count()
+        if self.resumed:
+            (written,) = self._db.execute(
+                "SELECT events_written FROM runs WHERE id = ?", (self.run_id,)
+            ).fetchone()
+            self._writer.rows_written = written or 0
+        self._indexes = itertools.count(first_index)
         self._streams: dict[int, Stream] = {}
         self._attrs: dict[int, SourceAttrs] = {}
         self._new_sources: deque[tuple] = deque()
@@ -98,15 +163,40 @@ class WatchRecorder:
         """An engine's wall-clock timestamp on this run's clock (``start_ns`` origin)."""
         return self.start_ns + int((engine_ts - self.started_at) * 1e9)
 
+    def clock_ns(self) -> int:
+        """Now on the run's clock: by the wall clock, so a resumed run (begun by
+        another process, whose monotonic clock this one does not share) stays on it."""
+        return self.ts_ns(time.time())
+
     # --- the subscriber's and scraper's side ---------------------------------------
 
     def next_source_index(self) -> int:
         return next(self._indexes)
 
+    def source_index(self, spec: Any, dp_rank: int | None, topic: str) -> int:
+        """A stream's source number: a resumed run's own for a source it had."""
+        stored = self._stored.get((spec.endpoint, topic or "", dp_rank))
+        return self.next_source_index() if stored is None else stored["source"]
+
     def new_stream(self, stream: Stream) -> None:
         spec = stream.spec
         self._streams[stream.index] = stream
-        self._attrs[stream.index] = SourceAttrs()
+        attrs = self._attrs[stream.index] = SourceAttrs()
+        stored = self._stored.pop((spec.endpoint, stream.topic or "", stream.dp_rank), None)
+        if stored is not None:
+            # Carry on from where the last watch stopped: the next batch after its
+            # last sequence number is "next", anything beyond is a gap to replay.
+            stream.tracker.last = stored["last_seq"]
+            for name in ("batches", "events", "gaps", "recovered_batches", "lost_batches",
+                         "restarts", "disconnects", "bad_messages"):  # fmt: skip
+                setattr(stream, name, stored[name] or 0)
+            attrs.block_size = stored["block_size"]
+            attrs.block_events = stored["block_events"] or 0
+            self.add_incident(
+                stream.index, "resumed", stored["last_seq"], None,
+                detail="watch started again: continuing after the last recorded batch",
+            )  # fmt: skip
+            return
         self._new_sources.append(
             (
                 stream.index,
@@ -121,7 +211,9 @@ class WatchRecorder:
         )
 
     def add_metrics_source(self, url: str, engine: str) -> int:
-        """A /metrics endpoint's source number."""
+        """A /metrics endpoint's source number (a resumed run's own for its URLs)."""
+        if url in self._stored_metrics:
+            return self._stored_metrics.pop(url)
         index = self.next_source_index()
         self._new_sources.append((index, METRICS_SOURCE, engine, url, None, None, None, 0))
         return index
@@ -164,7 +256,7 @@ class WatchRecorder:
         if kind == "bad_message":
             self.last_bad_message = detail or "undecodable"
         self._incidents.append(
-            (source, now_ns(), kind, first_seq, last_seq, recovered, lost, detail)
+            (source, self.clock_ns(), kind, first_seq, last_seq, recovered, lost, detail)
         )
 
     def on_samples(self, rows: list[tuple]) -> None:
@@ -231,7 +323,7 @@ class WatchRecorder:
             # Back-pressure for the dashboard, only when it changes (an idle watch
             # writes nothing, so its views have nothing new to draw).
             self._pressure_shown = pressure
-            stamp = now_ns()
+            stamp = self.clock_ns()
             batch.metrics += [
                 (PRESSURE_SOURCE, stamp, QUEUE_METRIC, "", float(depth)),
                 (PRESSURE_SOURCE, stamp, LAG_METRIC, "", lag),
@@ -268,7 +360,7 @@ class WatchRecorder:
         """Delete raw rows past ``keep_raw_s`` now."""
         self._trimmed_at = time.monotonic()
         try:
-            self.raw_rows_trimmed += self._writer.trim_raw(now_ns() - self._keep_raw_ns)
+            self.raw_rows_trimmed += self._writer.trim_raw(self.clock_ns() - self._keep_raw_ns)
         except Exception as exc:  # a busy or full disk: the next minute tries again
             log.warning("kvscope watch: trimming raw rows failed: %s", exc)
 

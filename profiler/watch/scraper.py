@@ -67,11 +67,13 @@ class Scraper:
         on_rows: Callable[[list[tuple]], None],
         on_error: Callable[[int, str], None],
         interval_s: float = 1.0,
+        clock_ns: Callable[[], int] = now_ns,
     ) -> None:
         self._targets = targets
         self._on_rows = on_rows
         self._on_error = on_error
         self._interval_s = interval_s
+        self._clock_ns = clock_ns  # the run's clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing: set[int] = set()
@@ -83,7 +85,7 @@ class Scraper:
     def scrape_once(self) -> None:
         for source, url in self._targets:
             try:
-                rows = sample_rows(source, now_ns(), fetch_text(url), self._buckets)
+                rows = sample_rows(source, self._clock_ns(), fetch_text(url), self._buckets)
             except (OSError, ValueError, urllib.error.URLError) as exc:
                 self.errors += 1
                 reason = getattr(exc, "reason", None) or exc

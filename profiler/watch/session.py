@@ -73,8 +73,11 @@ class WatchSession:
         config: Mapping[str, Any] | None = None,
         model: str | None = None,
         keep_raw_s: float | None = None,
+        resume: bool = True,
     ) -> None:
-        self.recorder = WatchRecorder(db_path, dict(config or {}), model, keep_raw_s=keep_raw_s)
+        self.recorder = WatchRecorder(
+            db_path, dict(config or {}), model, keep_raw_s=keep_raw_s, resume=resume
+        )
         try:
             self.subscriber = Subscriber(specs, self.recorder)
         except KvscopeError:
@@ -88,6 +91,7 @@ class WatchSession:
                 source, "scrape_error", detail=detail
             ),
             scrape_interval_s,
+            self.recorder.clock_ns,
         )
 
     @property

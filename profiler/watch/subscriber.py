@@ -65,6 +65,8 @@ class Sink(Protocol):
 
     def next_source_index(self) -> int: ...
 
+    def source_index(self, spec: SourceSpec, dp_rank: int | None, topic: str) -> int: ...
+
     def new_stream(self, stream: Stream) -> None: ...
 
     def on_batch(self, stream: Stream, seq: int, batch: EventBatch) -> None: ...
@@ -124,7 +126,7 @@ class Subscriber:
         return list(self._streams)
 
     def _new_stream(self, spec: SourceSpec, dp_rank: int | None, topic: str) -> Stream:
-        stream = Stream(self._sink.next_source_index(), spec, dp_rank, topic)
+        stream = Stream(self._sink.source_index(spec, dp_rank, topic), spec, dp_rank, topic)
         self._streams.append(stream)
         self._sink.new_stream(stream)
         return stream

@@ -17,6 +17,7 @@ from watch_payloads import vllm_removed, vllm_stored
 
 from app.commands.watch import _line, _live
 from db import watch_queries as q
+from db.schema import INTERRUPTED
 from db.watch_schema import OP_REMOVED, OP_RESET, OP_STORED
 from profiler.watch.session import WatchSession
 from profiler.watch.sources import expand_sources
@@ -326,3 +327,44 @@ def test_one_engine_pushing_to_a_listening_watch_is_one_source(tmp_path: Path, p
 def test_the_live_line_leaves_no_stale_characters() -> None:
     assert _live("2 sources  scrapes 0", tty=True) == "\r2 sources  scrapes 0\x1b[K"
     assert _live("x", tty=False) == "x"
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_a_watch_started_again_resumes_its_run(tmp_path: Path, publishers, replay: bool) -> None:
+    """Stopped and started again on the same file: the same run carries on after its
+    last recorded batch; what the replay buffer still has comes back, the rest is
+    recorded lost; nothing twice; the cache state it had is where it starts."""
+    pub = publishers(replay_endpoint="tcp://127.0.0.1:*" if replay else None)
+    specs = expand_sources(pub.endpoint, replay=pub.replay_endpoint if replay else None)
+    config = {"sources": [s.endpoint for s in specs], "engine": "vllm"}
+    db = tmp_path / "w.db"
+    first = _session(db, specs, config=config)
+    pub.wait_for_subscribers()
+    for h in range(5):
+        pub.publish([vllm_stored([h])])  # seq 0-4
+    wait_until(lambda: first.status().batches == 5)
+    first.stop(INTERRUPTED)
+    # While nobody watches, the engine goes on: two removals and a store (seq 5-7).
+    pub.publish([vllm_removed([0])])
+    pub.publish([vllm_removed([1])])
+    pub.publish([vllm_stored([7])])
+    second = _session(db, specs, config=config)
+    assert second.recorder.resumed and second.run_id == first.run_id
+    pub.wait_for_subscribers()
+    pub.publish([vllm_stored([8])])  # seq 8: the gap 5-7 is noticed
+    pub.publish([vllm_removed([2])])  # seq 9: stored before the restart of the watch
+    wait_until(lambda: second.status().batches == (10 if replay else 7))
+    status = second.stop()
+    assert (status.gaps, status.recovered_batches, status.lost_batches) == (
+        (1, 3, 0) if replay else (1, 0, 3)
+    )
+    assert _rows(db, "SELECT COUNT(*), COUNT(DISTINCT seq) FROM watch_blocks") == [
+        (10, 10) if replay else (7, 7)
+    ]
+    assert _rows(db, "SELECT COUNT(*), MAX(status) FROM runs") == [(1, "complete")]
+    (stats,) = q.block_stats(db, first.run_id)
+    assert stats.removed_unknown == 0  # block 2 was known from the first watch
+    assert stats.cached == ({"GPU": 4} if replay else {"GPU": 5})
+    assert stats.stored == (7 if replay else 6)
+    kinds = [i.kind for i in q.incidents(db, first.run_id)]
+    assert "resumed" in kinds and "gap" in kinds
