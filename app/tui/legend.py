@@ -36,7 +36,8 @@ def legend_text(view: View | None, per_cell: int, selected: int | None) -> Text:
             held = states.holders[states.holders >= 2]
             most = f", up to ×{int(held.max())}" if held.size else ""
             text.append(
-                f"{fmt.count(num_pages)} pages · {per_cell} per cell (its most common state) · "
+                f"{fmt.count(num_pages)} pages · {per_cell} per cell"
+                f"{' (its most common state)' if per_cell > 1 else ''} · "
                 f"private {fmt.count(c.private)} · shared {fmt.count(c.shared)}{most} · "
                 f"cached {fmt.count(c.cached)} · free {fmt.count(c.unused)} · "
                 f"tree {fmt.count(c.tree)}",
