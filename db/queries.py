@@ -28,10 +28,13 @@ from db.pages import (
     PageBalance,
     PageMatrix,
     PageSnapshot,
+    PageStateMatrix,
     decode_owners,
     page_accounting,
     page_map_at,
     page_maps,
+    page_state_matrix,
+    step_pages,
 )
 from db.raw import last_step_ns, raw_rows
 from db.requests import (
@@ -86,6 +89,7 @@ __all__ = [
     "PageBalance",
     "PageMatrix",
     "PageSnapshot",
+    "PageStateMatrix",
     "Progress",
     "RequestRow",
     "RequestState",
@@ -117,6 +121,7 @@ __all__ = [
     "page_accounting",
     "page_map_at",
     "page_maps",
+    "page_state_matrix",
     "raw_rows",
     "reader",
     "request_times",
@@ -125,6 +130,7 @@ __all__ = [
     "resolve_status",
     "run_info",
     "run_summary",
+    "step_pages",
     "step_series",
     "transfer_costs",
 ]
