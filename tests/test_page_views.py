@@ -121,9 +121,9 @@ def test_one_set_of_figures_at_the_end_of_a_run(tmp_path) -> None:
     assert sum(r.output_tokens for r in view.requests) == summary.output_tokens
     assert len(view.requests) == summary.requests == queries.run_info(path, run_id).requests
     total = view.total
-    assert formulas.hit_rate(
-        total.prefix_hit_tokens, total.prefix_queried_tokens
-    ) == pytest.approx(summary.prefix_hit_rate)
+    assert formulas.hit_rate(total.prefix_hit_tokens, total.prefix_queried_tokens) == pytest.approx(
+        summary.prefix_hit_rate
+    )
     evicted, offloaded, _, preempted = CHURN_KINDS
     assert total.churn[evicted] == summary.evicted_pages
     assert total.churn[offloaded] == summary.offloaded_pages
