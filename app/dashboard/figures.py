@@ -476,13 +476,14 @@ def cached_sources_figure(sources: CachedSources) -> go.Figure:
 
 
 def prefix_size_figure(points: Sequence[StepPoint]) -> go.Figure:
-    """The prefix tree's size in pages, on device and offloaded to host."""
+    """Pages only the prefix cache holds (unreferenced, evictable: db/page_states.py's
+    "cached", a subset of the tree's pages), and the host tier's."""
     return _lines(
         "Prefix-cache size",
         "pages (mean per bucket)",
         [p.t_s for p in points],
         {
-            "cached": [p.pages_cached for p in points],
+            "cached (unreferenced)": [p.pages_cached for p in points],
             "host": [p.host_pages_used for p in points],
         },
         "no steps recorded yet",
