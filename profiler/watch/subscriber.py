@@ -57,6 +57,7 @@ class Stream:
     lost_batches: int = 0
     restarts: int = 0
     disconnects: int = 0
+    last_ts: float | None = None  # the engine's timestamp on the last batch accepted
     bad_messages: int = 0
 
 
@@ -263,6 +264,7 @@ class Subscriber:
             return
         stream.batches += 1
         stream.events += len(batch.events)
+        stream.last_ts = batch.ts
         self._sink.on_batch(stream, seq, batch)
 
     # --- replay -------------------------------------------------------------------
@@ -278,7 +280,16 @@ class Subscriber:
         detail = "no replay endpoint"
         if endpoint is not None:
             try:
-                got = self._replay(sock, stream, endpoint, first, end)
+                try:
+                    got = self._replay(sock, stream, endpoint, first, end)
+                except _Restarted as restarted:
+                    # The engine restarted and its new numbering overtook ours before
+                    # we saw it: what it sent since its restart is what is missing.
+                    stream.restarts += 1
+                    self._sink.on_restart(stream, stream.tracker.last, end, restarted.ts + 1e-6)
+                    stream.tracker.reset()
+                    first = 0
+                    got = self._replay(sock, stream, endpoint, 0, end, check=False)
                 detail = None if got == end - first else "replay buffer no longer holds them"
             except KvscopeError as exc:
                 detail = str(exc)
@@ -287,13 +298,22 @@ class Subscriber:
         stream.lost_batches += lost
         self._sink.on_incident(stream, "gap", first, end - 1, got, lost, detail)
 
-    def _replay(self, sock: _Socket, stream: Stream, endpoint: str, first: int, end: int) -> int:
+    def _replay(
+        self, sock: _Socket, stream: Stream, endpoint: str, first: int, end: int, *,
+        check: bool = True,
+    ) -> int:  # fmt: skip
+        """Deliver the buffered batches [first, end); returns how many came. With
+        ``check``, also asks for the last batch accepted: when the buffer's batch of
+        that number is not the one recorded (another timestamp), the engine
+        restarted, and ``_Restarted`` says so."""
         dealer = sock.replays.get(endpoint)
         if dealer is None:
             dealer = sock.replays[endpoint] = self._ctx.socket(zmq.DEALER)
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.connect(endpoint)
-        dealer.send_multipart([b"", pack_seq(first)])
+        last = stream.tracker.last
+        known = check and last is not None and last >= 0 and stream.last_ts is not None
+        dealer.send_multipart([b"", pack_seq(last if known else first)])
         got = 0
         deadline = time.monotonic() + REPLAY_TIMEOUT_S
         try:
@@ -303,6 +323,12 @@ class Subscriber:
                 message = parse_replay(dealer.recv_multipart())
                 if message.seq == REPLAY_END:
                     return got
+                if known and message.seq == last:
+                    replayed = _decode(message.payload)
+                    if isinstance(replayed, EventBatch) and replayed.ts != stream.last_ts:
+                        _drain_replay(dealer, deadline)
+                        raise _Restarted(stream.last_ts)
+                    continue
                 # Only the missing range: later batches are still on their way live.
                 if stream.tracker.expected <= message.seq < end:
                     self._deliver(stream, message.seq, _decode(message.payload))
@@ -312,6 +338,21 @@ class Subscriber:
             dealer.close(0)
             del sock.replays[endpoint]
             raise
+
+
+class _Restarted(Exception):  # noqa: N818 (a signal between two methods, not an error)
+    """The replay buffer's batch of our last sequence number is another one."""
+
+    def __init__(self, ts: float) -> None:
+        self.ts = ts  # the old engine's last batch: the reset goes right after it
+
+
+def _drain_replay(dealer: zmq.Socket, deadline: float) -> None:
+    """Read a replay's answer to its end, so the next request's is not mixed in."""
+    while dealer.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+        if parse_replay(dealer.recv_multipart()).seq == REPLAY_END:
+            return
+    raise KvscopeError("replay timed out")
 
 
 def _decode(payload: bytes) -> EventBatch | str:

@@ -368,3 +368,30 @@ def test_a_watch_started_again_resumes_its_run(tmp_path: Path, publishers, repla
     assert stats.stored == (7 if replay else 6)
     kinds = [i.kind for i in q.incidents(db, first.run_id)]
     assert "resumed" in kinds and "gap" in kinds
+
+
+def test_a_restart_that_overtook_the_old_numbering_is_detected(tmp_path: Path, publishers) -> None:
+    """The engine restarted and published past our last sequence number before we
+    saw it: not a gap of the old engine but a restart, found in the replay buffer
+    (its batch of our last number is another one); its new batches are replayed."""
+    pub = publishers(replay_endpoint="tcp://127.0.0.1:*")
+    db = tmp_path / "w.db"
+    session = _session(db, expand_sources(pub.endpoint, replay=pub.replay_endpoint))
+    pub.wait_for_subscribers()
+    for h in range(3):
+        pub.publish([vllm_stored([10 + h])])  # seq 0-2
+    wait_until(lambda: session.status().batches == 3)
+    pub.restart()
+    pub.drop_next(6)  # the new engine's seq 0-5: buffered, never seen live
+    for h in range(6):
+        pub.publish([vllm_stored([100 + h])])
+    pub.publish([vllm_stored([106])])  # seq 6: looks like a gap 3-5 of the old engine
+    wait_until(lambda: session.status().batches == 10)
+    status = session.stop()
+    assert (status.restarts, status.lost_batches, status.recovered_batches) == (1, 0, 6)
+    ops = _rows(db, "SELECT op, block_hashes FROM watch_blocks ORDER BY rowid")
+    assert ops == [(OP_STORED, f"[{10 + h}]") for h in range(3)] + [(OP_RESET, None)] + [
+        (OP_STORED, f"[{100 + h}]") for h in range(7)
+    ]
+    (stats,) = q.block_stats(db, session.run_id)
+    assert stats.resets == 1 and stats.cached == {"GPU": 7}  # only the new engine's
