@@ -54,6 +54,7 @@ def test_malformed_line_names_its_number_and_writes_nothing(capsys, tmp_path):
         ("", (), ("no requests",)),
         ('{"foo": 1}\n', (), ("unknown trace format", ":1")),
         (None, ("--capacity", "0"), ("capacity must be > 0",)),
+        (None, ("--capacity", "1e308"), ("is above 1e+15 tokens",)),
         (None, ("--eviction-policy", "lru,mru"), ("unknown eviction policy 'mru'",)),
         (None, ("--format", "nope"), ("invalid choice",)),
         ('{"timestamp": 0, "input_length": -4, "output_length": 1, "hash_ids": [1]}', (),

@@ -44,6 +44,7 @@ from engine.sizing import GIB, KV_DTYPES, MemoryBudget, weight_bytes
 DEFAULT_CAPACITIES = "1e4,1e5,1e6,3e6,1e7,3e7,5e7,1e8"
 DEFAULT_POLICIES = "lru,lfu,fifo,belady"
 CEILING_SHARE = 0.9
+MAX_CAPACITY_TOKENS = 10**15  # far past any trace; the ceiling point is the unlimited one
 
 
 def _capacity(text: str) -> tuple[float, str]:
@@ -194,6 +195,8 @@ def capacities(args: argparse.Namespace, bytes_per_token: float) -> list[int]:
         tokens = int(value // bytes_per_token) if unit == "bytes" else int(value)
         if tokens < 1:
             raise KvscopeError(f"capacity {item} holds no token of {bytes_per_token:.0f} bytes")
+        if tokens > MAX_CAPACITY_TOKENS:
+            raise KvscopeError(f"capacity {item} is above {MAX_CAPACITY_TOKENS:.0e} tokens")
         out.append(tokens)
     return sorted(set(out))
 

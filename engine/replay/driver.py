@@ -208,16 +208,18 @@ class ReplayDriver:
         self.sequential = cfg.timing == "sequential"
         entries = trace.entries
         longest = max(-(-(e.input_len + max(1, e.output_len)) // ps) for e in entries)
+        # More pages than the whole trace needs change nothing: a larger capacity is
+        # "unlimited" (and must not allocate a pool of that size).
+        total = sum(-(-(e.input_len + max(1, e.output_len)) // ps) for e in entries)
         if cfg.capacity_tokens is None:
-            total = sum(-(-(e.input_len + max(1, e.output_len)) // ps) for e in entries)
             self.cap_pages = None
             num_pages = total + 1
         elif self.sequential:
-            self.cap_pages = cfg.capacity_tokens // ps
+            self.cap_pages = min(cfg.capacity_tokens // ps, total)
             num_pages = self.cap_pages + longest + 1
         else:
             self.cap_pages = None
-            num_pages = cfg.capacity_tokens // ps
+            num_pages = min(cfg.capacity_tokens // ps, total + 1)
             if num_pages < 2:
                 raise KvscopeError(
                     f"a capacity of {cfg.capacity_tokens} tokens holds {num_pages} pages of {ps}"
