@@ -22,15 +22,20 @@ Cost per admission is O(missed pages) dict operations, none per token: the
 hit pages are not touched (the radix node of the last hit page carries its
 chain hash); a page's key is the tuple the radix cache builds anyway (or a
 replay's integer page key), and past the first cold page only token content
-is still remembered (a replay's page keys stop the walk there). Memory is bounded twice: at most ``max_evicted`` chain
-hashes of evicted pages (oldest forgotten first; a forgotten page then counts
-as cold), and at most ``max_seen_tokens`` tokens of page content kept for
-granularity (``max_children`` contents per parent prefix; oldest prefixes
-forgotten first).
+is still remembered (a replay's page keys stop the walk there).
+
+Memory is bounded twice: at most ``max_evicted`` chain hashes of evicted pages
+(measured at about 124 B each: 2^19 of them, the default, 65 MB at worst; the
+oldest forgotten first, a forgotten page then counting as cold; the whole
+Mooncake conversation trace needs 171k), and at most ``max_seen_tokens`` tokens
+of page content kept for granularity (int64 bytes, ``max_children`` pages per
+parent prefix, the oldest prefixes forgotten first: 2^20 tokens, the default,
+measured at about 21 B a token at page size 16, 22 MB; 60 B a token at page 4).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -68,12 +73,23 @@ class MissSplit:
         self.capacity_age_steps += other.capacity_age_steps
 
 
-def shared_length(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """Length of the common prefix of two pages (binary search over C-level slice compares)."""
-    lo, hi = 0, min(len(a), len(b))
+_STEP_BITS = 32  # an eviction is stored as one int: its ns << 32 | its step (mod 2^32)
+_STEP_MASK = (1 << _STEP_BITS) - 1
+_TOKEN = 8  # bytes per token of remembered content (int64: any id a trace gives)
+
+
+def page_bytes(tokens: tuple[int, ...]) -> bytes:
+    """A page's tokens as remembered: int64 bytes (a tuple of ints costs ~36 B a token)."""
+    return array("q", tokens).tobytes()
+
+
+def shared_length(a: bytes, b: bytes) -> int:
+    """Tokens in the common prefix of two remembered pages (binary search over C-level
+    slice compares)."""
+    lo, hi = 0, min(len(a), len(b)) // _TOKEN
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
+        if a[: mid * _TOKEN] == b[: mid * _TOKEN]:
             lo = mid
         else:
             hi = mid - 1
@@ -88,8 +104,8 @@ class MissReasons:
         page_size: int,
         *,
         granularity: bool = True,
-        max_evicted: int = 1 << 20,
-        max_seen_tokens: int = 1 << 21,
+        max_evicted: int = 1 << 19,
+        max_seen_tokens: int = 1 << 20,
         max_children: int = 8,
     ) -> None:
         self.page_size = page_size
@@ -97,10 +113,11 @@ class MissReasons:
         self.max_evicted = max_evicted
         self.max_seen_tokens = max_seen_tokens
         self.max_children = max_children
-        # chain hash -> (monotonic ns, step) of its latest eviction; dict order: first eviction.
-        self._evicted: dict[int, tuple[int, int]] = {}
-        # parent chain hash -> {child chain hash: the child page's tokens (partial pages too)}.
-        self._seen: dict[int, dict[int, tuple[int, ...]]] = {}
+        # chain hash -> its latest eviction (monotonic ns << 32 | step); dict order: first eviction.
+        self._evicted: dict[int, int] = {}
+        # parent chain hash -> the tokens of the child pages seen under it (partial pages too),
+        # oldest first: a list (a dict per parent would cost ~150 B more a page).
+        self._seen: dict[int, list[bytes]] = {}
         self._seen_tokens = 0
 
     # --- fed by the radix cache ------------------------------------------------------
@@ -110,7 +127,7 @@ class MissReasons:
         evicted = self._evicted
         # A re-evicted page keeps its place in the order (a pop to move it costs ~10% of
         # a replay's eviction time): the bound forgets by first eviction.
-        evicted[chain] = (ts_ns, step)
+        evicted[chain] = ts_ns << _STEP_BITS | step & _STEP_MASK
         if len(evicted) > self.max_evicted:
             del evicted[next(iter(evicted))]
 
@@ -159,8 +176,8 @@ class MissReasons:
             when = None if diverged else evicted(child)
             if when is not None:
                 capacity_pages += 1
-                age_ns += ts_ns - when[0]
-                age_steps += step - when[1]
+                age_ns += ts_ns - (when >> _STEP_BITS)
+                age_steps += (step - when) & _STEP_MASK
             elif diverged:
                 cold += ps
             else:
@@ -169,7 +186,7 @@ class MissReasons:
                 cold += ps - shared
                 diverged = True
             if tokens and remember:
-                self._remember(chain, child, page)  # later requests may diverge inside it
+                self._remember(chain, page)  # later requests may diverge inside it
             chain, j = child, j + 1
         covered = j * ps
         if tail is not None and covered + len(tail) - 1 == limit:  # the loop reached the tail
@@ -177,7 +194,7 @@ class MissReasons:
             shared = 0 if diverged else min(rest, self._shared(chain, tail))
             granularity += shared
             cold += rest - shared
-            self._remember(chain, chain_hash(chain, tail), tail)
+            self._remember(chain, tail)
         else:
             cold += limit - covered
         return MissSplit(
@@ -194,24 +211,26 @@ class MissReasons:
         children = self._seen.get(parent)
         if not children:
             return 0
-        return max(shared_length(key, seen) for seen in children.values())
+        mine = page_bytes(key)
+        return max(shared_length(mine, seen) for seen in children)
 
-    def _remember(self, parent: int, child: int, key: tuple[int, ...]) -> None:
+    def _remember(self, parent: int, key: tuple[int, ...]) -> None:
         if not self.granularity:
             return
         seen = self._seen
+        page = page_bytes(key)
         children = seen.get(parent)
         if children is None:
-            seen[parent] = children = {}
-        elif child in children:
+            seen[parent] = children = []
+        elif page in children:
             return
         if len(children) >= self.max_children:
-            self._seen_tokens -= len(children.pop(next(iter(children))))
-        children[child] = key
+            self._seen_tokens -= len(children.pop(0)) // _TOKEN
+        children.append(page)
         self._seen_tokens += len(key)
         while self._seen_tokens > self.max_seen_tokens and seen:
             oldest = next(iter(seen))
-            self._seen_tokens -= sum(map(len, seen.pop(oldest).values()))
+            self._seen_tokens -= sum(map(len, seen.pop(oldest))) // _TOKEN
 
     @property
     def remembered(self) -> tuple[int, int]:
@@ -219,4 +238,4 @@ class MissReasons:
         return len(self._evicted), self._seen_tokens
 
 
-__all__ = ["ROOT_CHAIN", "MissReasons", "MissSplit", "chain_hash", "shared_length"]
+__all__ = ["ROOT_CHAIN", "MissReasons", "MissSplit", "chain_hash", "page_bytes", "shared_length"]
