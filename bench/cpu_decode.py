@@ -113,13 +113,16 @@ print(json.dumps(produced / (time.perf_counter() - t0)))
 """
 
 
-def engine_rate(root: Path, weights_dtype: str, threads: int) -> float:
+def engine_rate(root: Path, weights_dtype: str, threads: int) -> float | None:
+    """tokens/s of one fresh-process run; None where that code lacks ``weights_dtype``."""
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(root)}
     proc = subprocess.run(
         [sys.executable, "-c", ENGINE_PROGRAM, str(root), weights_dtype, str(threads)],
         capture_output=True, text=True, env=env, cwd=root, timeout=600,
     )  # fmt: skip
     if proc.returncode != 0:
+        if "weights dtype must be one of" in proc.stderr:
+            return None
         raise SystemExit(f"kvscope: error: decode run failed: {proc.stderr.strip()[-400:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -137,7 +140,9 @@ def engine_main(args: argparse.Namespace) -> None:
         for _ in range(args.repeats):
             for fmt in args.weights:
                 for label, root in trees.items():
-                    rates.setdefault((label, fmt), []).append(engine_rate(root, fmt, args.threads))
+                    rate = engine_rate(root, fmt, args.threads)
+                    if rate is not None:
+                        rates.setdefault((label, fmt), []).append(rate)
     finally:
         if args.baseline:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)  # fmt: skip
@@ -158,7 +163,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", action="store_true", help="time whole decode steps")
     parser.add_argument("--baseline", metavar="REV", help="with --engine: alternate with REV")
-    parser.add_argument("--weights", nargs="+", default=["fp32", "bf16", "int8"])
+    parser.add_argument("--weights", nargs="+", default=["fp32", "bf16", "int8", "int4"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kv-format", default="fp32")
     parser.add_argument("--page-size", type=int, default=16)

@@ -231,7 +231,7 @@ def main() -> None:
         return
     rows.append(("now", now))
     print(
-        f"one batch-1 decode step, {now['model']} shape, dummy {args.weights_dtype} weights, {args.kv_dtype} KV, CUDA path (Triton interpreter)"
+        f"one batch-1 decode step, {now['model']} shape, dummy {args.weights_dtype} weights, {args.kv_dtype} KV, {args.path} path (Triton interpreter)"
     )
     for label, r in rows:
         print(

@@ -53,11 +53,13 @@ def add_rms_norm_triton(
     if residual.stride(-1) != 1 or (delta is not None and delta.stride(-1) != 1):
         raise ValueError("residual and delta must be contiguous along the hidden dimension")
     out = torch.empty_like(residual)
+    block = triton.next_power_of_2(hidden)
     _add_rms_norm_kernel[(rows,)](
         residual if delta is None else delta, residual, weight, out,
         0 if delta is None else delta.stride(0), residual.stride(0), out.stride(0),
         hidden, eps,
         HAS_DELTA=delta is not None,
-        BLOCK=triton.next_power_of_2(hidden),
+        BLOCK=block,
+        num_warps=8 if block >= 4096 else 4,  # 8B's 4,096-wide rows: 16 values a thread
     )  # fmt: skip
     return out
