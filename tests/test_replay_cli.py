@@ -124,6 +124,9 @@ def test_sweep_is_recorded_as_replay_runs_with_the_capacity_keys(capsys, tmp_pat
             (run_id,),
         ).fetchone()
         assert hits == (point["hit_tokens"], point["queried_tokens"])
+        metrics = dict(conn.execute("SELECT name, value FROM metrics WHERE run_id = ?", (run_id,)))
+        assert metrics["prefix_hit_tokens"] == point["hit_tokens"]
+        assert metrics["prefix_queried_tokens"] == point["queried_tokens"]
         assert configs[run_id]["capacity_tokens"] == point["capacity_tokens"]
         assert configs[run_id]["eviction_policy"] == point["policy"]
     steps = conn.execute("SELECT COUNT(*) FROM steps WHERE run_id = ?", (runs[0][0],)).fetchone()[0]
