@@ -18,11 +18,12 @@ The live engine and ``kvscope replay`` share this code: it sits in the
 engine's prefix-cache path (``KVCacheManager.admitted``, fed by the
 ``RadixCache``'s evictions).
 
-Cost per admission is O(missed pages) dict operations, none per token: the
-hit pages are not touched (the radix node of the last hit page carries its
-chain hash); a page's key is the tuple the radix cache builds anyway (or a
-replay's integer page key), and past the first cold page only token content
-is still remembered (a replay's page keys stop the walk there).
+Cost per admission is O(missed pages) dict operations and no Python work per
+token: the hit pages are not touched (the radix node of the last hit page
+carries its chain hash); a missed page's key is a tuple slice of the tokens
+(C-level copying and hashing), or a replay's integer page key; past the first
+cold page only token content is still remembered, for later granularity (a
+hash-id replay's page keys stop the walk there).
 
 Memory is bounded twice: at most ``max_evicted`` chain hashes of evicted pages
 (measured at about 124 B each: 2^19 of them, the default, 65 MB at worst; the
