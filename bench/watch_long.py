@@ -44,7 +44,7 @@ CAPACITY = 30_000  # GPU blocks per rank
 BLOCK_SIZE = 16
 PREFIXES = 48  # system prompts shared by every rank
 FLEET_RATE = 1_150  # block events/s of the whole fleet: 4.1M is about an hour
-GENERATOR = 3  # bump when the generated stream changes (the kept files are rebuilt)
+GENERATOR = 4  # bump when the generated stream changes (the kept files are rebuilt)
 
 
 def _hash(rng: random.Random) -> int:
@@ -324,20 +324,35 @@ def main() -> None:
         rows.append(
             [
                 f"{total:,}",
-                figures["dashboard watch callback"],
-                figures["TUI WatchView refresh"],
-                figures["report --format html"],
+                *(
+                    f"{figures[name]:.3f}-{figures[name + ' max']:.3f}"
+                    for name in (
+                        "dashboard watch callback",
+                        "dashboard refresh, nothing new",
+                        "TUI WatchView refresh",
+                        "report --format html",
+                    )
+                ),
                 figures["peak RSS MiB"],
             ]
         )
         print("  " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), flush=True)
     print(
         common.table(
-            ["block events", "dashboard s", "TUI refresh s", "report html s", "peak RSS MiB"], rows
-        )
+            [
+                "block events",
+                "dashboard s",
+                "dashboard, nothing new s",
+                "TUI refresh s",
+                "report html s",
+                "peak RSS MiB",
+            ],
+            rows,
+        )  # fmt: skip
     )
-    slowest = max(max(r[1:4]) for r in rows)
-    print(f"slowest view: {slowest:.2f} s (goal <= 1 s at 4M, <= 1.5x of that at 1M)")
+    print("(min-max of the repeats; the dashboard's from a fresh server each, nothing cached)")
+    slowest = max(float(cell.split("-")[1]) for row in rows for cell in row[1:5])
+    print(f"slowest view refresh: {slowest:.2f} s (goal <= 1 s at 4M, within 1.5x of that at 1M)")
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def baseline(args: argparse.Namespace, blocks_per_batch: int) -> float:
 def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
     proc, endpoints, go = _start_publishers(args, 1)
     specs = [s for e, r in endpoints for s in expand_sources(e, replay=r)]
-    session = WatchSession(db, specs).start()
+    session = WatchSession(db, specs, freeze_gc=True).start()  # as kvscope watch runs
     total = args.sources * args.batches
     time.sleep(0.5)
     go.set()

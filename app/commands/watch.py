@@ -223,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
         scrape_interval_s=args.scrape_interval,
         config=config,
         keep_raw_s=keep_raw_s,
+        freeze_gc=True,  # this process is the watch's own
     ).start()
     tty = sys.stdout.isatty() and not args.json
     started = last_t = time.monotonic()

@@ -74,10 +74,12 @@ class WatchSession:
         model: str | None = None,
         keep_raw_s: float | None = None,
         resume: bool = True,
+        freeze_gc: bool = False,
     ) -> None:
         self.recorder = WatchRecorder(
-            db_path, dict(config or {}), model, keep_raw_s=keep_raw_s, resume=resume
-        )
+            db_path, dict(config or {}), model, keep_raw_s=keep_raw_s, resume=resume,
+            freeze_gc=freeze_gc,
+        )  # fmt: skip
         try:
             self.subscriber = Subscriber(specs, self.recorder)
         except KvscopeError:
