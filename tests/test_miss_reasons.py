@@ -12,6 +12,7 @@ requests then evict A's second page; A once more misses it for lack of capacity.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,7 @@ from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.events import EventBus, PrefixLookup, PrefixMiss
 from engine.miss_reasons import ROOT_CHAIN, MissReasons, chain_hash
-from engine.replay.driver import ReplayConfig, ReplayDriver
+from engine.replay.driver import ReplayConfig, ReplayDriver, prepare
 from engine.replay.traces import read_replay_trace
 from engine.sampler import SamplingParams
 from profiler.recorder import Recorder
@@ -149,3 +150,21 @@ def test_request_tables_show_each_requests_split(recorded):
     assert all(by_id[i].misses is None for i in by_id if i > 2)
     cells = dict(zip((c.key for c in COLUMNS), row_cells(by_id[2]), strict=True))
     assert cells["misses.main"].plain == "cold" and cells["misses.capacity"].plain == "0"
+
+
+@pytest.mark.parametrize("policy", ["lru", "belady"])
+def test_capacity_misses_are_what_more_memory_recovers(policy):
+    """In a sequential replay cold tokens do not depend on capacity, so at every capacity
+    the hits plus the capacity misses are exactly the unlimited ceiling's hits."""
+    trace = read_replay_trace(
+        Path(__file__).parent / "data" / "mooncake_conversation_head400.jsonl"
+    )
+    prepared = prepare(trace, 512, belady=True)
+    ceiling = ReplayDriver(trace, ReplayConfig(), prepared=prepared).run()
+    for capacity in (10**4, 10**5, 10**6):
+        config = ReplayConfig(capacity_tokens=capacity, eviction_policy=policy)
+        result = ReplayDriver(trace, config, prepared=prepared).run()
+        misses = result.extra["miss_reasons"]
+        assert misses["capacity"] > 0 or capacity == 10**6  # belady reaches the ceiling there
+        assert result.hit_tokens + misses["capacity"] == ceiling.hit_tokens
+        assert misses["cold"] == ceiling.extra["miss_reasons"]["cold"]
