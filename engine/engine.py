@@ -12,7 +12,6 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 
@@ -51,15 +50,73 @@ from engine.scheduler import Scheduler
 from engine.sizing import kv_bytes_per_token, reload_cost
 
 
-@dataclass(slots=True)
 class RequestOutput:
-    request_id: int
-    prompt: str
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    finished: bool
-    new_token_ids: list[int]
+    """One request's state after a step that gave it a token.
+
+    ``token_ids`` (every output token so far) is built when read, from the
+    request's own list and its length at this step: copying it into every
+    output cost O(tokens) per request per step, which at batch 128 was a large
+    share of a decode step's host time. The request's list only ever grows, so
+    the prefix is exactly what it held then.
+    """
+
+    __slots__ = (
+        "request_id",
+        "prompt",
+        "text",
+        "finish_reason",
+        "finished",
+        "new_token_ids",
+        "_ids",
+        "_n",
+    )
+
+    def __init__(
+        self,
+        request_id: int,
+        prompt: str,
+        text: str,
+        token_ids: list[int],
+        finish_reason: str | None,
+        finished: bool,
+        new_token_ids: list[int],
+        num_tokens: int | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.text = text
+        self.finish_reason = finish_reason
+        self.finished = finished
+        self.new_token_ids = new_token_ids
+        self._ids = token_ids
+        self._n = len(token_ids) if num_tokens is None else num_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._ids[: self._n]
+
+    def _fields(self) -> tuple:
+        return (
+            self.request_id,
+            self.prompt,
+            self.text,
+            self.token_ids,
+            self.finish_reason,
+            self.finished,
+            self.new_token_ids,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RequestOutput):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
+
+    def __repr__(self) -> str:
+        names = self.__slots__[:3] + ("token_ids",) + self.__slots__[3:6]
+        body = ", ".join(f"{k}={v!r}" for k, v in zip(names, self._fields(), strict=True))
+        return f"RequestOutput({body})"
 
 
 def resolve_attention_backend(config: EngineConfig) -> str:
@@ -287,8 +344,9 @@ class Engine:
                         )
             inputs = self.runner.prepare(batch.requests, batch.num_new)
             logits = self.runner.execute(inputs)
+            offer = self.kv.offer if self.kv.prefix is not None else None
             for req, n in zip(batch.requests, batch.num_new, strict=True):
-                if req.in_prefill:
+                if req.num_computed < len(req.prompt_ids):  # in prefill
                     prefill += n
                     if emit and (
                         n < len(req.prompt_ids) - req.num_computed
@@ -300,7 +358,8 @@ class Engine:
                             )
                         )
                 req.num_computed += n
-                self.kv.offer(req)
+                if offer is not None:  # no prefix cache: nothing to offer
+                    offer(req)
             if inputs.sampling:
                 tokens = sample(
                     logits,
@@ -319,11 +378,11 @@ class Engine:
         return outputs
 
     def _append_token(self, req: Request, token: int) -> RequestOutput:
-        now = now_ns()
-        req.output_ids.append(token)
+        out = req.output_ids
+        out.append(token)
         self.total_output_tokens += 1
         if req.first_token_ns is None:
-            req.first_token_ns = now
+            req.first_token_ns = now = now_ns()  # only the first token needs the clock
             if self.bus.active:
                 self.bus.emit(
                     FirstToken(now, self.step_count, req.request_id, (now - req.arrival_ns) / 1e9)
@@ -338,25 +397,22 @@ class Engine:
             hits = [text.find(s) for s in p.stop if s in text]
             if hits:
                 reason, cut = "stop", min(hits)
-        if reason is None and (
-            len(req.output_ids) >= p.max_tokens or req.num_tokens >= req.max_len
-        ):
+        n = len(out)
+        if reason is None and (n >= p.max_tokens or len(req.prompt_ids) + n >= req.max_len):
             reason = "length"
         if reason is not None:
-            req.text = (
-                self.codec.decode(req.output_ids)[:cut]
-                if cut is not None
-                else self.codec.decode(req.output_ids)
-            )
+            text = self.codec.decode(out)
+            req.text = text[:cut] if cut is not None else text
             self._finish(req, reason)
         return RequestOutput(
             req.request_id,
             req.prompt,
             req.text,
-            list(req.output_ids),
+            out,
             req.finish_reason,
-            req.is_finished,
+            reason is not None,
             [token],
+            n,
         )
 
     def _finish(self, req: Request, reason: str) -> None:

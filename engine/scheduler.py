@@ -64,8 +64,38 @@ class Scheduler:
         victim.status = Status.WAITING
         return "recompute"
 
+    def _steady(self, budget: int) -> ScheduledBatch | None:
+        """The batch when nothing changes: nobody waits, every running request takes all the
+        tokens it needs within the budget and the free pages cover its growth. Then the loop
+        below would schedule exactly this (no reclaim, no preemption, no admission), so it is
+        built in one pass; None sends the step down the general path."""
+        if self.waiting:
+            return None
+        running = self.running
+        num_new = [req.num_tokens - req.num_computed for req in running]
+        if sum(num_new) > budget:
+            return None
+        kv = self.kv
+        ps = kv.page_size
+        growing = []
+        need = 0
+        for req, n in zip(running, num_new, strict=True):
+            # Pages needed to hold every computed token after this step (missing_pages).
+            missing = -(-(req.num_computed + n) // ps) - len(req.pages)
+            if missing > 0:
+                growing.append((req, req.num_computed + n))
+                need += missing
+        if need > kv.pool.num_free:
+            return None
+        for req, total in growing:
+            kv.grow(req, total)
+        return ScheduledBatch(list(running), num_new, [], [])
+
     def schedule(self) -> ScheduledBatch:
         budget = self.config.max_batched_tokens
+        steady = self._steady(budget)
+        if steady is not None:
+            return steady
         batch = ScheduledBatch([], [], [], [])
         i = 0
         while i < len(self.running) and budget > 0:
