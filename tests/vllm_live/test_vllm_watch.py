@@ -174,6 +174,9 @@ def test_recording_reconciles_with_vllm(tmp_path: Path, vllm_server: dict) -> No
     assert stats.removed > 0  # 10 blocks for 8 prompts of 4+ blocks: evictions happened
     assert hits > 0
     assert stats.reannounced * BLOCK_SIZE == hits  # report mode full re-announces every hit block
+    # The two misses are present; one engine has no routing misses by definition.
+    (fleet,) = [m for m in q.misses(db, session.run_id) if m.source is None]
+    assert fleet.new_blocks > 0 and fleet.routing_misses == 0
     (src,) = [s for s in q.watch_sources(db, session.run_id) if s.kind == "events"]
     assert src.block_size == BLOCK_SIZE
     (series,) = q.engine_series(db, session.run_id)
