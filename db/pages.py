@@ -38,6 +38,7 @@ from engine.events import (
     BlockRemoved,
     BlockStored,
     PageEvicted,
+    PageOffloaded,
     PageReloaded,
     PagesAllocated,
     PagesFreed,
@@ -481,10 +482,14 @@ def step_pages(source: Source, run_id: int, step: int) -> StepPages | None:
                ORDER BY step, ts_ns, {_REPLAY_ORDER}, id""",
             (run_id, start, step),
         ).fetchall()
+        # This step's evictions, and InfLLM's offloads (a PageOffloaded without a
+        # PageEvicted: a request's own block moved to the host tier); the radix cache's
+        # offloads carry both, with the same action.
         evictions = conn.execute(
-            """SELECT json_extract(payload, '$.page'), json_extract(payload, '$.action')
-               FROM events WHERE run_id = ? AND kind = ? AND step = ? ORDER BY ts_ns, id""",
-            (run_id, PageEvicted.kind, step),
+            """SELECT json_extract(payload, '$.page'),
+                      CASE kind WHEN ? THEN 'offloaded' ELSE json_extract(payload, '$.action') END
+               FROM events WHERE run_id = ? AND kind IN (?, ?) AND step = ? ORDER BY ts_ns, id""",
+            (PageOffloaded.kind, run_id, PageEvicted.kind, PageOffloaded.kind, step),
         ).fetchall()
     counts = {rid: Counter(pages) for rid, pages in holds.items()}
     order = {rid: list(pages) for rid, pages in holds.items()}

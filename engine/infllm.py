@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.errors import KvscopeError
-from engine.events import InfLLMRetrieval, PagesAllocated, PagesFreed, now_ns
+from engine.events import InfLLMRetrieval, PageOffloaded, PagesAllocated, PagesFreed, now_ns
 from engine.kv_manager import OFFLOADED
 from engine.model import RotaryTable, apply_rotary
 from kernels.metadata import AttentionMetadata
@@ -179,6 +179,14 @@ class InfLLMMemory:
         self.requests: dict[int, RequestMemory] = {}
         self._rows: list[_Row] = []
         self._tally: dict[int, _StepTally] = {}
+        # Device pages whose blocks went to the host tier, and the step they went in: the
+        # page map's "offloaded" state of that step (the radix cache's evicted_step).
+        self.offloaded_step: dict[int, str] = {}
+        self._offloaded_at = -1
+
+    def offloaded_pages(self, step: int) -> dict[int, str]:
+        """Pages offloaded at ``step`` (page -> "offloaded"), empty for any other step."""
+        return dict(self.offloaded_step) if step == self._offloaded_at else {}
 
     # --- per step ----------------------------------------------------------------
 
@@ -367,12 +375,22 @@ class InfLLMMemory:
         host = self.kv.host
         if host.num_free < bp:
             raise KvscopeError("infllm: the host tier is full; raise --host-budget")
-        mem.host_slots.append(host.store_many(pages)[0])  # one copy per run of slots
+        slots, seconds = host.store_many(pages)  # one copy per run of slots
+        mem.host_slots.append(slots)
         for i in range(first, first + bp):
             req.pages[i] = OFFLOADED
         self.kv.pool.decref(pages)
-        if self.kv.bus.active:
-            self.kv.bus.emit(PagesFreed(now_ns(), self.kv.step, req.request_id, tuple(pages)))
+        step = self.kv.step
+        if step != self._offloaded_at:
+            self.offloaded_step, self._offloaded_at = {}, step
+        self.offloaded_step.update(dict.fromkeys(pages, "offloaded"))
+        bus = self.kv.bus
+        if bus.active:
+            ts = now_ns()
+            bus.emit(PagesFreed(ts, step, req.request_id, tuple(pages)))
+            # one offload per page (the copy's seconds shared out), as the radix cache counts
+            for page, slot in zip(pages, slots, strict=True):
+                bus.emit(PageOffloaded(ts, step, page, slot, seconds / len(pages)))
 
     def _size_cache(self, req: Request, mem: RequestMemory) -> None:
         """Grow the retrieved-block cache to min(topk, blocks) blocks of device pages."""

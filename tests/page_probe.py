@@ -31,6 +31,8 @@ class PageProbe:
         prefix = kv.prefix
         tree = prefix.device_pages_held() if prefix is not None else np.zeros(0, np.int64)
         evicted = dict(getattr(prefix, "evicted_step", {}))
+        if kv.infllm is not None:  # InfLLM's blocks moved to the host tier this step
+            evicted.update(kv.infllm.offloaded_pages(kv.step))
         truth = step_pages_from(kv.step, kv.pool.num_pages, holds, tree, evicted)
         # The probe's own reading agrees with the pool's counts: one reference per
         # holder and one for the tree, and the free list is what nobody references.

@@ -114,6 +114,11 @@ def test_infllm(tmp_path):
         tmp_path / "r.db", lambda bus: Engine(config, bus=bus, loaded=loaded), arrivals
     )
     assert kinds.get("infllm_retrieval", 0) > 0
+    # InfLLM's host blocks read "offloaded" at the step they left (not "free"), in the
+    # engine and in the recording alike, and the run counts one offload per page (a page
+    # offloaded and handed out again in one step reads held, so >=).
+    shown = sum(t.counts().offloaded for t in probe.truth.values())
+    assert shown > 0 and kinds.get("page_offloaded", 0) >= shown
     _assert_truth(tmp_path / "r.db", run_id, probe)
 
 
