@@ -26,6 +26,7 @@ import numpy as np
 
 from db.miss_reasons import MissCounts, request_miss_reasons
 from db.page_states import StepPages
+from db.pages import step_pages
 from db.source import NO_END, NO_START, Position, Source, connection, kinds_sql, run_origin
 from engine.errors import KvscopeError
 from engine.events import (
@@ -64,6 +65,13 @@ class RequestRow:
     missed_capacity: int | None = None
     missed_granularity: int | None = None
     missed_last_token: int | None = None
+    # Pages it holds at the newest step, split into private and shared, and those that
+    # would go back to the free list if it finished now (db/page_states.py); 0 once it
+    # holds none, None where the recording cannot say (a simulation, an old recording).
+    pages: int | None = None
+    private_pages: int | None = None
+    shared_pages: int | None = None
+    would_free: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,9 +166,12 @@ def _status(rejected: str | None, finished: int | None, scheduled: int | None) -
     return "running" if scheduled is not None else "waiting"
 
 
-def requests_table(source: Source, run_id: int, *, progress: bool = True) -> list[RequestRow]:
+def requests_table(
+    source: Source, run_id: int, *, progress: bool = True, pages: bool = True
+) -> list[RequestRow]:
     """One row per request, by request id, as it stands at the newest recorded step
-    (without ``progress``, a running request's output tokens and TPOT are None)."""
+    (without ``progress``, a running request's output tokens and TPOT are None; without
+    ``pages``, its page split is None)."""
     with connection(source) as conn:
         start_ns = run_origin(conn, run_id)
         rows = conn.execute(
@@ -178,6 +189,9 @@ def requests_table(source: Source, run_id: int, *, progress: bool = True) -> lis
             running = [row[0] for row in rows if _status(row[11], row[3], row[2]) == "running"]
             so_far = request_progress(conn, Position(run_id, *latest), running)
         misses = request_miss_reasons(conn, run_id)
+        # The split from the exact page states of the newest step (the TUI's figures).
+        at = step_pages(conn, run_id, latest[0]) if pages and latest else None
+        holdings = _holdings(at) if at is not None else None
 
     def since(ts_ns: int | None, origin: int | None) -> float | None:
         return (ts_ns - origin) / 1e9 if ts_ns is not None and origin is not None else None
@@ -204,9 +218,17 @@ def requests_table(source: Source, run_id: int, *, progress: bool = True) -> lis
                 finish_reason=reason,
                 rejected_reason=rejected,
                 **_missed(misses.get(rid)),
+                **_split(holdings, rid),
             )
         )
     return table
+
+
+def _split(holdings: dict[int, tuple[int, int, int, int]] | None, rid: int) -> dict:
+    """A request row's page-split fields (all None without page states)."""
+    names = ("pages", "private_pages", "shared_pages", "would_free")
+    values = (None,) * 4 if holdings is None else holdings.get(rid, (0, 0, 0, 0))
+    return dict(zip(names, values, strict=True))
 
 
 def _missed(counts: MissCounts | None) -> dict[str, int | None]:
@@ -250,7 +272,8 @@ def requests_at(
     preemptions = Counter(rid for rid, kind in changes if kind == RequestPreempted.kind)
     holdings = _holdings(owners)
     arrived = []
-    for r in requests_table(conn, at.run_id, progress=False):  # progress at the position below
+    # progress and pages at the position below
+    for r in requests_table(conn, at.run_id, progress=False, pages=False):
         if r.arrival_s is not None and r.arrival_s > t_s:
             continue
         if r.status == "rejected":

@@ -130,3 +130,65 @@ def test_one_set_of_figures_at_the_end_of_a_run(tmp_path) -> None:
     assert total.churn[preempted] == summary.preemptions
     c = view.page_states.counts()
     assert view.row.pages_cached == c.cached and view.tree_pages == c.tree >= c.cached
+
+
+def test_the_dashboard_requests_table_splits_each_requests_pages(tmp_path) -> None:
+    """Stopped while requests share the prefix, the dashboard's requests table (the rows
+    its callback sends, and the report's) gives each request's pages held, private,
+    shared and would-free: the engine's truth and the TUI's figures at that step; the
+    TUI's running counters and the run summary give the same churn and hit rate."""
+    from page_probe import PageProbe
+
+    from app.dashboard.layout import REQUEST_COLUMNS
+    from app.dashboard.table_filter import request_record
+    from db import queries
+    from engine.events import EventBus
+    from engine.sampler import SamplingParams
+    from profiler.recorder import Recorder
+
+    path = tmp_path / "r.db"
+    bus = EventBus()
+    engine = tiny_engine(64, bus=bus)
+    recorder = Recorder(path, {"test": True}, model="tiny")
+    bus.subscribe(recorder.on_event)
+    recorder.start()
+    probe = PageProbe(engine)
+    arrivals = _shared_prefix(10, out=30)
+    for step in range(12):  # every request arrived, none finished
+        for _, prompt, n in [a for a in arrivals if a[0] == step]:
+            engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+        engine.step()
+        probe.read()
+    recorder.finish("interrupted")
+    run_id, last = recorder.run_id, max(probe.truth)
+    truth = probe.truth[last]
+    rows = [request_record(r) for r in queries.requests_table(path, run_id)]
+    assert len(rows) == 10
+    for row in rows:
+        h = truth.request_holdings(row["request_id"])
+        split = (row["pages"], row["private_pages"], row["shared_pages"], row["would_free"])
+        assert split == (h.held, h.private, h.shared, h.would_free), row["request_id"]
+    assert sum(row["shared_pages"] > 0 for row in rows) >= 2
+    assert all(row["pages"] == row["private_pages"] + row["shared_pages"] for row in rows)
+    view = _view_at(path, run_id, last)
+    tui = {
+        r.request_id: (r.pages, r.private_pages, r.shared_pages, r.would_free)
+        for r in view.requests
+    }
+    assert tui == {
+        row["request_id"]: (
+            row["pages"],
+            row["private_pages"],
+            row["shared_pages"],
+            row["would_free"],
+        )
+        for row in rows
+    }
+    shown = {key for _, key, _ in REQUEST_COLUMNS}
+    assert {"pages", "private_pages", "shared_pages", "would_free"} <= shown
+    summary = queries.run_summary(path, run_id)
+    total = view.total
+    assert (total.prefix_queried_tokens, total.prefix_hit_tokens) == (
+        summary.prefix_queried_tokens,
+        summary.prefix_hit_tokens,
+    ) and summary.prefix_hit_tokens > 0

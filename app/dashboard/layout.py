@@ -217,6 +217,12 @@ REQUEST_COLUMNS = (
     ("capacity", "missed_capacity", "numeric"),
     ("granularity", "missed_granularity", "numeric"),
     ("last token", "missed_last_token", "numeric"),
+    # Its pages at the newest step: private + shared, and those it would free if it
+    # finished now (db/requests.py, the TUI's figures).
+    ("pages", "pages", "numeric"),
+    ("private", "private_pages", "numeric"),
+    ("shared", "shared_pages", "numeric"),
+    ("would free", "would_free", "numeric"),
 )
 
 
