@@ -184,22 +184,42 @@ def event_counts(
     )
 
 
-def counters(conn: sqlite3.Connection, at: Position, span_s: float) -> Counters:
-    """Tokens computed, prefix-lookup tokens and churn events over the ``span_s``
-    seconds up to the position (the window excludes its start)."""
-    lo, hi = at.ts_ns - round(span_s * 1e9) + 1, at.ts_ns
-    churn = events_per_bucket(conn, at.run_id, CHURN_KINDS, lo, hi, 1, at.step)
-    queried, hit = prefix_tokens(conn, at.run_id, lo, hi, max_step=at.step).get(0, (0, 0))
+def tally(
+    conn: sqlite3.Connection,
+    run_id: int,
+    lo_ns: int = NO_START,
+    hi_ns: int = NO_END,
+    max_step: int | None = None,
+    span_s: float = 0.0,
+) -> Counters:
+    """Tokens computed, prefix-lookup tokens (the hit rate) and churn events
+    (evictions, offloads, reloads, preemptions) in [lo_ns, hi_ns] and at most
+    ``max_step``; by default the whole run.
+
+    The one function behind these figures wherever they appear: the TUI's running
+    counters (``counters``) and the run summary (``db.runs.run_summary``: the
+    dashboard, the report, ``kvscope runs`` and the end-of-run summary)."""
+    step = NO_END if max_step is None else max_step
+    churn = dict.fromkeys(CHURN_KINDS, 0)
+    churn.update(
+        conn.execute(
+            f"""SELECT kind, COUNT(*) FROM events WHERE run_id = ?
+                AND kind IN ({kinds_sql(CHURN_KINDS)}) AND ts_ns BETWEEN ? AND ?
+                AND step <= ? GROUP BY kind""",
+            (run_id, lo_ns, hi_ns, step),
+        ).fetchall()
+    )
+    queried, hit = prefix_tokens(conn, run_id, lo_ns, hi_ns, max_step=max_step).get(0, (0, 0))
     prefill, decode = conn.execute(
         """SELECT SUM(prefill_tokens), SUM(decode_tokens) FROM steps
-           WHERE run_id = ? AND ts_ns BETWEEN ? AND ?""",
-        (at.run_id, lo, hi),
+           WHERE run_id = ? AND ts_ns BETWEEN ? AND ? AND step <= ?""",
+        (run_id, lo_ns, hi_ns, step),
     ).fetchone()
-    return Counters(
-        span_s,
-        prefill or 0,
-        decode or 0,
-        queried,
-        hit,
-        {kind: per[0] for kind, per in churn.items()},
-    )
+    return Counters(span_s, prefill or 0, decode or 0, queried, hit, churn)
+
+
+def counters(conn: sqlite3.Connection, at: Position, span_s: float) -> Counters:
+    """``tally`` over the ``span_s`` seconds up to the position (the window excludes
+    its start)."""
+    lo, hi = at.ts_ns - round(span_s * 1e9) + 1, at.ts_ns
+    return tally(conn, at.run_id, lo, hi, at.step, span_s)

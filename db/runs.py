@@ -18,11 +18,11 @@ from pathlib import PurePath
 from typing import Any
 
 from db import formulas
-from db.events import prefix_tokens
+from db.events import tally
 from db.formulas import RunSummary, RunTotals
 from db.requests import request_progress
 from db.schema import INCOMPLETE, RUNNING
-from db.source import Position, Source, connection, kinds_sql, run_origin
+from db.source import Position, Source, connection, run_origin
 from engine.errors import KvscopeError
 from engine.events import PageEvicted, PageOffloaded, PageReloaded, RequestPreempted
 from engine.presets import Device, device_preset
@@ -237,9 +237,6 @@ def cost_device(info: RunInfo) -> Device | None:
     return None
 
 
-_COUNTED_KINDS = (PageEvicted.kind, PageOffloaded.kind, PageReloaded.kind, RequestPreempted.kind)
-
-
 def run_summary(source: Source, run_id: int) -> RunSummary:
     """The run's headline figures (the same as the live metrics' summary)."""
     with connection(source) as conn:
@@ -269,20 +266,14 @@ def run_summary(source: Source, run_id: int) -> RunSummary:
                WHERE run_id = ? AND finished_ns IS NOT NULL AND tpot_s IS NOT NULL""",
             (run_id,),
         ).fetchall()
-        counts = dict(
-            conn.execute(
-                f"""SELECT kind, COUNT(*) FROM events WHERE run_id = ?
-                    AND kind IN ({kinds_sql(_COUNTED_KINDS)}) GROUP BY kind""",
-                (run_id,),
-            ).fetchall()
-        )
-        totals.prefix_queried_tokens, totals.prefix_hit_tokens = prefix_tokens(conn, run_id).get(
-            0, (0, 0)
-        )
-        totals.evicted_pages = counts.get(PageEvicted.kind, 0)
-        totals.offloaded_pages = counts.get(PageOffloaded.kind, 0)
-        totals.reloaded_pages = counts.get(PageReloaded.kind, 0)
-        totals.preemptions = counts.get(RequestPreempted.kind, 0)
+        # the same function as the TUI's running counters, over the whole run
+        counts = tally(conn, run_id)
+        totals.prefix_queried_tokens = counts.prefix_queried_tokens
+        totals.prefix_hit_tokens = counts.prefix_hit_tokens
+        totals.evicted_pages = counts.churn[PageEvicted.kind]
+        totals.offloaded_pages = counts.churn[PageOffloaded.kind]
+        totals.reloaded_pages = counts.churn[PageReloaded.kind]
+        totals.preemptions = counts.churn[RequestPreempted.kind]
         steps, last_ts, tokens_held, slots = conn.execute(
             """SELECT COUNT(*), MAX(ts_ns), SUM(tokens_held), SUM(pages_used * page_size)
                FROM steps WHERE run_id = ?""",
