@@ -201,6 +201,9 @@ def main() -> None:
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--rows", nargs="+", metavar="ROW", help="only these: decode1 decode8 decode32 prefill500"
+    )
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from engine.loader import default_model_path
@@ -210,6 +213,8 @@ def main() -> None:
     recorded = args.llamacpp == "recorded" or (args.llamacpp == "auto" and not built)
     llama_python = None if recorded else prepare_llamacpp()
     rows = [("decode", 1), ("decode", 8), ("decode", 32), ("prefill", 500)]
+    if args.rows:
+        rows = [r for r in rows if f"{r[0]}{r[1]}" in args.rows]
     table = []
     for mode, n in rows:
         prompts = prompts_for(mode, n)
