@@ -165,7 +165,8 @@ def add_engine_options(
         "--weights-dtype",
         choices=WEIGHT_DTYPES,
         default="auto",
-        help="weight storage: fp32 (exact), bf16, int8, or auto: bf16 where the device runs it "
+        help="weight storage: fp32 (exact), bf16, int8, int4 (CPU; Q4_1's grid, the fastest "
+        "single-stream format there), or auto: bf16 where the device runs it "
         "natively (CUDA, CPUs with avx512_bf16/AMX), else fp32 (default auto)",
     )
     g.add_argument(
