@@ -2,7 +2,10 @@
 
 Each module in ``app/commands`` adds its own subparser and sets ``handler``.
 Errors the user can fix (``KvscopeError``) become one line on stderr and exit
-status 2, never a traceback.
+status 2, never a traceback. A mistaken flag is one of them: ``CliParser``
+raises a ``UsageError`` (naming the choices or the rule broken) instead of
+printing argparse's usage block, so the dashboard, which parses the same flags,
+gets an exception it can show rather than a process exit.
 """
 
 from __future__ import annotations
@@ -13,6 +16,35 @@ import os
 import sys
 
 from engine.errors import KvscopeError
+
+try:
+    from importlib.metadata import version as _dist_version
+
+    VERSION = _dist_version("kvscope")
+except Exception:  # a source tree that was never installed
+    VERSION = "unknown"
+
+
+class UsageError(KvscopeError):
+    """A flag the parser refused: one line, exit status 2."""
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse, with a mistake reported as one line that says where to look for help."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _undecodable(argv: list[str]) -> str | None:
+    """The first argument that was not valid UTF-8 (Python maps such bytes to surrogates)."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return repr(arg.encode("utf-8", "surrogateescape"))[2:-1]
+    return None
+
 
 # Order is the order shown in --help.
 COMMANDS = (
@@ -32,12 +64,12 @@ COMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="kvscope",
         description="See what an LLM server's KV cache is really doing.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+    parser.add_argument("--version", action="version", version=f"kvscope {VERSION}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CliParser)
     for name in COMMANDS:
         # No try/except: a command module that fails to import is a packaging
         # error, and must surface as its real traceback, not as a missing command.
@@ -46,8 +78,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        bad = _undecodable(argv)
+        if bad is not None:
+            raise UsageError(f"argument '{bad}' is not valid UTF-8")
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help, --version
+        return int(done.code or 0)
+    except KvscopeError as exc:
+        print(f"kvscope: error: {exc}", file=sys.stderr)
+        return 2
+    if args.command is None:  # bare `kvscope`: the command list
+        parser.print_help()
+        return 0
     try:
         return int(args.handler(args) or 0)
     except KvscopeError as exc:

@@ -35,6 +35,17 @@ def add_db_argument(
         parser.add_argument("--db", metavar="PATH", help=f"{help} ({DEFAULT_NOTE})")
 
 
+def run_id(text: str) -> int:
+    """``--run ID``: a positive integer that SQLite can hold."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a run id: {text!r}") from None
+    if not 1 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"run ids are positive integers, got {text}")
+    return value
+
+
 def db_path(args: argparse.Namespace) -> Path:
     """The database the command line names, or the default one."""
     given = {path for path in (args.db, getattr(args, "db_option", None)) if path}

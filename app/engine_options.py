@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
+from app.sizing_args import at_most, non_negative_int, positive_int
 from engine.device import DEVICE_CHOICES, preset_for_device, resolve_device
 from engine.engine_config import (
     ATTENTION_BACKENDS,
@@ -47,6 +49,17 @@ def parse_size(text: str) -> int:
             f"invalid size {text!r} (examples: 256MiB, 1.5GiB, 100000)"
         )
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def fraction(text: str) -> float:
+    """``--memory-fraction``: a share of device memory, in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
 
 
 def add_engine_options(
@@ -88,14 +101,18 @@ def add_engine_options(
     )
     g.add_argument(
         "--memory-fraction",
-        type=float,
+        type=fraction,
         metavar="F",
         help="size the KV cache as vLLM does: this fraction of device memory minus the weights, "
         "the activations of a forward pass at --max-batched-tokens and the framework overhead, "
         "all measured (overrides --kv-budget)",
     )
     g.add_argument(
-        "--page-size", type=int, default=16, metavar="N", help="tokens per KV page (default 16)"
+        "--page-size",
+        type=at_most(1 << 16),
+        default=16,
+        metavar="N",
+        help="tokens per KV page (default 16)",
     )
     g.add_argument(
         "--kv-dtype",
@@ -144,7 +161,7 @@ def add_engine_options(
     )
     g.add_argument(
         "--max-batched-tokens",
-        type=int,
+        type=positive_int,
         default=2048,
         metavar="N",
         help="per-step token budget; longer prompts are chunked (default 2048)",
@@ -156,7 +173,7 @@ def add_engine_options(
     )
     g.add_argument(
         "--max-num-seqs",
-        type=int,
+        type=positive_int,
         default=64,
         metavar="N",
         help="most requests running at once (default 64)",
@@ -178,35 +195,35 @@ def add_engine_options(
     )
     g.add_argument(
         "--infllm-initial-tokens",
-        type=int,
+        type=non_negative_int,
         default=64,
         metavar="N",
         help="infllm: attention-sink tokens kept resident, rounded up to pages (default 64)",
     )
     g.add_argument(
         "--infllm-local-tokens",
-        type=int,
+        type=positive_int,
         default=256,
         metavar="N",
         help="infllm: most recent tokens kept resident, rounded up to pages (default 256)",
     )
     g.add_argument(
         "--infllm-topk-blocks",
-        type=int,
+        type=positive_int,
         default=8,
         metavar="K",
         help="infllm: distant blocks retrieved per layer per step (default 8)",
     )
     g.add_argument(
         "--infllm-block-pages",
-        type=int,
+        type=positive_int,
         default=4,
         metavar="N",
         help="infllm: pages per memory block (default 4)",
     )
     g.add_argument(
         "--infllm-repr-tokens",
-        type=int,
+        type=positive_int,
         default=4,
         metavar="N",
         help="infllm: attended representative keys per block, per layer and KV head (default 4)",
@@ -220,18 +237,35 @@ def add_engine_options(
         "the host tier (exact: an upper bound for analysis, as slow as full attention)",
     )
     g.add_argument(
-        "--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)"
+        "--threads",
+        type=at_most(1024),
+        metavar="N",
+        help="torch CPU threads (default: torch's choice)",
     )
 
 
+def _check_host_memory(flag: str, size: int | None) -> None:
+    """A budget larger than this machine's memory can only fail later, mid-allocation."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf: nothing to compare with
+        return
+    if size is not None and size > total:
+        raise KvscopeError(
+            f"{flag} {size / 2**30:,.1f} GiB is more than this machine's memory "
+            f"({total / 2**30:,.1f} GiB)"
+        )
+
+
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    _check_host_memory("--host-budget", args.host_budget)
     if args.threads is not None:
-        if args.threads < 1:
-            raise KvscopeError("--threads must be >= 1")
         import torch
 
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
+    if device == "cpu":
+        _check_host_memory("--kv-budget", args.kv_budget)
     return EngineConfig(
         model=args.model,
         kv_budget_bytes=None if args.memory_fraction is not None else args.kv_budget,

@@ -8,6 +8,7 @@ weights' size; the cliff also needs the device's FLOP/s and bandwidth.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -26,22 +27,80 @@ from engine.sizing import (
 OVERHEAD_NOTE = "CUDA context, cuBLAS workspace and NCCL buffers cost 1-2 GiB"
 
 
+# No GiB, GB/s, TFLOP/s, rate or duration a user means is this large; past it the
+# arithmetic overflows to infinity and the answer would be meaningless.
+MAX_FIGURE = 1e15
+
+
+def _finite(text: str) -> float:
+    """A float from the command line; NaN, infinity and absurd magnitudes are refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    if abs(value) > MAX_FIGURE:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_FIGURE:g}, got {text}")
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
 def positive_int(text: str) -> int:
-    value = int(text)
+    value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+def at_most(limit: int):
+    """A positive integer no larger than ``limit``: a count past it is a typo, not a plan
+    (200 requests are a workload; 10^9 would only exhaust memory building it)."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"must be at most {limit:,}, got {text}")
+        return value
+
+    parse.__name__ = f"integer <= {limit}"
+    return parse
+
+
+def port(text: str) -> int:
+    """A TCP port: 1-65535 (0 would pick a random one, which a user cannot then open)."""
+    value = _integer(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1-65535, got {text}")
+    return value
+
+
+def finite(text: str) -> float:
+    return _finite(text)
+
+
 def non_negative(text: str) -> float:
-    value = float(text)
+    value = _finite(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
 
 
 def positive(text: str) -> float:
-    value = float(text)
+    value = _finite(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
@@ -54,6 +113,8 @@ def parse_count(text: str) -> int:
         value = float(text[:-1] if scale != 1 else text) * scale
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a count: {text!r} (try 8e9 or 8B)") from None
+    if not math.isfinite(value) or value > 1e15:
+        raise argparse.ArgumentTypeError(f"not a parameter count: {text!r} (try 8e9 or 8B)")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return round(value)
@@ -65,7 +126,7 @@ def parse_residency(text: str) -> Residency:
         value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a token count or a fraction: {text!r}") from None
-    if value <= 0 or (text.endswith("%") and value > 1):
+    if not math.isfinite(value) or value <= 0 or (text.endswith("%") and value > 1):
         raise argparse.ArgumentTypeError(f"must be a positive count or a fraction, got {text}")
     return Residency(fraction=value) if value < 1 else Residency(tokens=value)
 

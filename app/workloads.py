@@ -28,6 +28,8 @@ from pathlib import Path
 from engine.errors import KvscopeError
 
 BUILTIN = ("chat", "shared-prefix", "multi-turn", "long-context", "mixed")
+MAX_REQUESTS = 100_000  # a built-in workload of more is a typo; building it would exhaust memory
+MAX_ARRIVAL_S = 86_400.0  # an arrival later than a day would keep the run waiting for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,22 +173,26 @@ _MAKERS = {
 
 
 def builtin(name: str, requests: int, rate: float = 4.0, seed: int = 0) -> list[WorkItem]:
-    if requests < 1:
-        raise KvscopeError(f"--requests must be >= 1, got {requests}")
+    if not 1 <= requests <= MAX_REQUESTS:
+        raise KvscopeError(f"--requests must be 1 to {MAX_REQUESTS:,}, got {requests}")
     return _MAKERS[name](random.Random(seed), requests, rate)
 
 
 def read_jsonl(path: Path) -> list[WorkItem]:
     """Parse a JSONL workload; a bad line is reported by number and reason."""
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_bytes().splitlines()
     except OSError as exc:
         raise KvscopeError(f"cannot read workload {path}: {exc.strerror}") from None
     items = []
-    for number, line in enumerate(lines, start=1):
+    for number, data in enumerate(lines, start=1):
+        where = f"{path}:{number}"
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise KvscopeError(f"{where}: not valid UTF-8 (byte {exc.start + 1})") from None
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        where = f"{path}:{number}"
         try:
             raw = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -199,15 +205,23 @@ def read_jsonl(path: Path) -> list[WorkItem]:
         prompt = raw.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise KvscopeError(f"{where}: 'prompt' must be a non-empty string")
+        if not _encodable(prompt):  # a JSON escape of half a surrogate pair
+            raise KvscopeError(f"{where}: 'prompt' is not valid Unicode")
         max_tokens = raw.get("max_tokens", 64)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise KvscopeError(f"{where}: 'max_tokens' must be a positive integer")
         arrival = raw.get("arrival_s", 0.0)
-        if not isinstance(arrival, (int, float)) or isinstance(arrival, bool) or arrival < 0:
-            raise KvscopeError(f"{where}: 'arrival_s' must be a number >= 0")
+        if (
+            not isinstance(arrival, (int, float))
+            or isinstance(arrival, bool)
+            or not 0 <= arrival <= MAX_ARRIVAL_S  # also refuses NaN
+        ):
+            raise KvscopeError(
+                f"{where}: 'arrival_s' must be a number of seconds, 0 to {MAX_ARRIVAL_S:,.0f}"
+            )
         system = raw.get("system")
-        if system is not None and not isinstance(system, str):
-            raise KvscopeError(f"{where}: 'system' must be a string")
+        if system is not None and (not isinstance(system, str) or not _encodable(system)):
+            raise KvscopeError(f"{where}: 'system' must be a string of valid Unicode")
         chat = raw.get("chat", True)
         if not isinstance(chat, bool):
             raise KvscopeError(f"{where}: 'chat' must be true or false")
@@ -215,6 +229,14 @@ def read_jsonl(path: Path) -> list[WorkItem]:
     if not items:
         raise KvscopeError(f"{path}: no requests in workload")
     return sorted(items, key=lambda it: it.arrival_s)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def load_workload(spec: str, requests: int, rate: float = 4.0, seed: int = 0) -> list[WorkItem]:

@@ -10,6 +10,15 @@ import argparse
 import sys
 
 from app.db_argument import add_db_argument, db_path
+from app.sizing_args import port, positive
+
+
+def refresh_seconds(text: str) -> float:
+    """Seconds between refreshes: at least 0.1 (a browser polling faster only burns CPU)."""
+    value = positive(text)
+    if value < 0.1 or value > 86400:
+        raise argparse.ArgumentTypeError(f"must be 0.1-86400 seconds, got {text}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,10 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="127.0.0.1",
         help="address to listen on (default 127.0.0.1: this machine only)",
     )
-    p.add_argument("--port", type=int, default=8050, help="port to listen on (default 8050)")
+    p.add_argument("--port", type=port, default=8050, help="port to listen on (default 8050)")
     p.add_argument(
         "--refresh",
-        type=float,
+        type=refresh_seconds,
         default=2.0,
         metavar="SECONDS",
         help="how often pages check for new data (default 2)",

@@ -7,6 +7,7 @@ import json
 import sys
 
 from app.engine_options import add_engine_options, engine_config_from_args
+from app.sizing_args import finite
 from engine.errors import RequestError
 
 
@@ -24,9 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-tokens", type=int, default=64, metavar="N")
     p.add_argument(
-        "--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)"
+        "--temperature", type=finite, default=0.0, metavar="T", help="0 = greedy (default)"
     )
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    p.add_argument("--top-p", type=finite, default=1.0, metavar="P")
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off")
     p.add_argument("--seed", type=int, metavar="S")
     p.add_argument(

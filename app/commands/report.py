@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.db_argument import add_db_argument, db_path
+from app.db_argument import add_db_argument, db_path, run_id
 
 FORMATS = ("html", "trace", "csv", "json", "mooncake")
 
@@ -37,7 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     add_db_argument(p, positional=True, help="the database to export from")
-    p.add_argument("--run", type=int, default=None, metavar="ID", help="run id (default: newest)")
+    p.add_argument(
+        "--run", type=run_id, default=None, metavar="ID", help="run id (default: newest)"
+    )
     p.add_argument(
         "-o",
         "--output",

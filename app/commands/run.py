@@ -22,7 +22,8 @@ import threading
 
 from app.db_argument import add_db_argument, db_path
 from app.engine_options import add_engine_options, engine_config_from_args, parse_size
-from app.workloads import BUILTIN, WorkItem, load_workload
+from app.sizing_args import at_most, non_negative, port
+from app.workloads import BUILTIN, MAX_REQUESTS, WorkItem, load_workload
 from db.miss_reasons import miss_line, run_miss_reasons
 
 RUN_KV_BUDGET = "24MiB"  # small on purpose: prefix hits, eviction and preemption all happen
@@ -44,17 +45,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--requests",
-        type=int,
+        type=at_most(MAX_REQUESTS),
         default=24,
         metavar="N",
         help="requests in a built-in workload (default 24)",
     )
     p.add_argument(
         "--rate",
-        type=float,
+        type=non_negative,
         default=4.0,
         metavar="R",
-        help="Poisson arrival rate of built-in workloads, requests/s (default 4)",
+        help="Poisson arrival rate of built-in workloads, requests/s; 0: all at once (default 4)",
     )
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     add_db_argument(p, positional=False, help="the database to record into")
@@ -68,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         metavar="PORT",
         help="serve Prometheus metrics on 127.0.0.1:PORT while running",
     )

@@ -15,7 +15,8 @@ from typing import Any
 
 from app.db_argument import add_db_argument, db_path
 from app.output_format import format_table, human_bytes
-from app.sizing_args import non_negative, positive, positive_int
+from app.sizing_args import at_most, non_negative, positive
+from app.workloads import MAX_REQUESTS
 from engine.alloc_sim import (
     Allocator,
     DoublingAllocator,
@@ -29,6 +30,7 @@ from engine.presets import MODELS, model_preset
 from engine.sizing import GIB, KV_DTYPES, ModelShape
 from engine.traces import DISTRIBUTIONS, generate_trace, read_trace
 
+MAX_LEN = 1 << 24  # tokens per request: past any model's context
 PLOT_POINTS = 1000  # per series; enough for a smooth line, small enough for a light HTML file
 
 
@@ -44,9 +46,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     trace = parser.add_argument_group("trace")
     trace.add_argument("--trace", metavar="FILE", help="JSONL: prompt_len, output_len, arrival_s")
     trace.add_argument("--distribution", choices=DISTRIBUTIONS, default="sharegpt")
-    trace.add_argument("--requests", type=positive_int, default=200)
-    trace.add_argument("--prompt-len", type=positive_int, default=512, help="fixed/uniform mean")
-    trace.add_argument("--output-len", type=positive_int, default=512, help="fixed/uniform mean")
+    trace.add_argument("--requests", type=at_most(MAX_REQUESTS), default=200)
+    trace.add_argument(
+        "--prompt-len", type=at_most(MAX_LEN), default=512, help="fixed/uniform mean"
+    )
+    trace.add_argument(
+        "--output-len", type=at_most(MAX_LEN), default=512, help="fixed/uniform mean"
+    )
     trace.add_argument(
         "--rate",
         type=non_negative,
@@ -55,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     trace.add_argument("--seed", type=int, default=0)
     memory = parser.add_argument_group("budget")
-    memory.add_argument("--budget-tokens", type=positive_int, help="KV budget in token slots")
+    memory.add_argument("--budget-tokens", type=at_most(1 << 40), help="KV budget in token slots")
     memory.add_argument("--kv-gib", type=positive, help="KV budget in GiB (default 16384 slots)")
     memory.add_argument(
         "--preset",
@@ -63,10 +69,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"model for bytes per token: {', '.join(MODELS)} (default llama3-8b)",
     )
     memory.add_argument("--kv-dtype", default="fp16", choices=list(KV_DTYPES))
-    memory.add_argument("--page-size", type=positive_int, default=16)
+    memory.add_argument("--page-size", type=at_most(1 << 16), default=16)
     memory.add_argument(
         "--max-model-len",
-        type=positive_int,
+        type=at_most(MAX_LEN),
         default=2048,
         help="what max reservation reserves per request; generated requests are clipped to it",
     )

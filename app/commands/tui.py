@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from app.db_argument import add_db_argument, db_path
+from app.db_argument import add_db_argument, db_path, run_id
+from engine.errors import KvscopeError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     add_db_argument(p, positional=True, help="the database to watch or replay")
-    p.add_argument("--run", type=int, metavar="ID", help="the run to show (default: the newest)")
+    p.add_argument("--run", type=run_id, metavar="ID", help="the run to show (default: the newest)")
     p.add_argument(
         "--follow",
         action="store_true",
@@ -26,6 +28,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.tui import run_tui
+    from app.tui.data import check_database
 
-    run_tui(db_path(args), run_id=args.run, follow=args.follow)
+    path = db_path(args)
+    check_database(path, args.run, missing_ok=False, no_runs_ok=args.follow)  # its errors first
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        # Without one, Textual writes escape codes into a file and waits for keys forever.
+        raise KvscopeError(
+            "kvscope tui needs a terminal (stdin and stdout); without one, use "
+            "kvscope runs, kvscope report or kvscope dash"
+        )
+    run_tui(path, run_id=args.run, follow=args.follow)
     return 0

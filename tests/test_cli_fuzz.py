@@ -1,0 +1,247 @@
+"""Every subcommand's numeric and text inputs, given hostile values: one error line or a success.
+
+Each case runs in-process through ``app.cli.main``. Commands that load a model
+are pointed at a model file that does not exist, so a value the checks let
+through ends at "model file not found" (one line, exit 2) instead of a load:
+no case here loads a model, and a bad value must be refused before that line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from app.cli import COMMANDS, main
+from db.store import open_db
+
+NO_MODEL = "/nonexistent/kvscope-fuzz.gguf"
+NOT_FOUND = "model file not found"
+HOSTILE = ("nan", "inf", "-inf", "-1", "0", "1e308", "99999999999999999999", "", "x", "\udcff")
+
+
+def call(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_clean(argv: list[str], code: int, err: str) -> None:
+    """Exit 0, or exit 2 with exactly one ``kvscope: error:`` line; never a traceback."""
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[kvscope]")]
+    assert "Traceback" not in err, (argv, err)
+    if code == 0:
+        return
+    assert code == 2, (argv, code, err)
+    assert len(lines) == 1 and lines[0].startswith("kvscope: error: "), (argv, err)
+
+
+@pytest.fixture(scope="module")
+def empty_db(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("fuzz") / "empty.db"
+    open_db(path).conn.close()
+    return str(path)
+
+
+ENGINE_FLAGS = (
+    "--kv-budget",
+    "--memory-fraction",
+    "--page-size",
+    "--host-budget",
+    "--max-batched-tokens",
+    "--max-num-seqs",
+    "--infllm-initial-tokens",
+    "--infllm-local-tokens",
+    "--infllm-topk-blocks",
+    "--infllm-block-pages",
+    "--infllm-repr-tokens",
+    "--threads",
+    "--kv-dtype",
+    "--eviction-policy",
+    "--device",
+    "--cost-device",
+)
+
+
+def engine_cases(tmp: Path) -> list[tuple[list[str], str]]:
+    """(argv prefix, flag) for every command that runs the engine."""
+    db = str(tmp / "run.db")
+    prefixes = {
+        "run": ["run", "--headless", "--db", db, "--requests", "2"],
+        "generate": ["generate", "hi"],
+        "info": ["info"],
+        "eval passkey": ["eval", "passkey", "--lengths", "256"],
+        "eval perplexity": ["eval", "perplexity", "--lengths", "256"],
+    }
+    own = {
+        "run": ["--requests", "--rate", "--seed", "--metrics-port", "--workload"],
+        "generate": ["--max-tokens", "--temperature", "--top-p", "--top-k", "--seed", "--stop"],
+        "info": [],
+        "eval passkey": ["--lengths", "--depths", "--seed"],
+        "eval perplexity": ["--lengths", "--chunk", "--seed"],
+    }
+    cases = []
+    for name, prefix in prefixes.items():
+        for flag in (*own[name], *ENGINE_FLAGS):
+            cases.append(([*prefix, "--model", NO_MODEL], flag))
+        if name == "info":
+            cases.append(
+                (["info", "--attention-mode", "infllm", "--model", NO_MODEL], "--page-size")
+            )
+    return cases
+
+
+def test_engine_commands_refuse_hostile_values_before_the_model_loads(tmp_path):
+    for prefix, flag in engine_cases(tmp_path):
+        for value in HOSTILE:
+            argv = [*prefix, flag, value]
+            code, _, err = call(argv)
+            assert_clean(argv, code, err)
+            assert code == 2, argv  # the model file does not exist: no case can succeed
+            if value in ("nan", "inf", "-inf", "-1", "x", "\udcff"):
+                # Never a valid number of anything here: refused by the checks, not the loader.
+                if flag not in ("--seed", "--stop", "--device", "--cost-device", "--workload"):
+                    assert NOT_FOUND not in err, argv
+
+
+def test_generate_prompts_of_any_text(tmp_path):
+    for prompt in ("", " ", "caf\udce9 \udcff", "\x00", "x" * 100_000):
+        argv = ["generate", prompt, "--model", NO_MODEL]
+        code, _, err = call(argv)
+        assert_clean(argv, code, err)
+
+
+OFFLINE = {
+    "calc": (
+        ["calc", "--preset", "llama3-8b", "--device", "h100-80"],
+        [
+            "--memory-gib",
+            "--weights-gib",
+            "--overhead-gib",
+            "--activation-gib",
+            "--input-tokens",
+            "--output-tokens",
+            "--max-model-len",
+            "--seq-len",
+            "--params",
+            "--layers",
+            "--preset",
+            "--device",
+            "--kv-dtype",
+            "--config",
+            "--gguf",
+        ],
+    ),
+    "calc explicit": (
+        ["calc", "--layers", "32", "--q-heads", "32", "--kv-heads", "8", "--head-dim", "128"],
+        ["--layers", "--q-heads", "--kv-heads", "--head-dim", "--params", "--memory-gib"],
+    ),
+    "calc offload": (
+        ["calc", "offload", "--preset", "llama3-8b", "--device", "h100-80"],
+        ["--pcie-gbps", "--tflops", "--kv-width", "--params"],
+    ),
+    "calc cliff": (
+        ["calc", "cliff", "--preset", "llama3-8b", "--device", "h100-80"],
+        [
+            "--tflops",
+            "--hbm-gbps",
+            "--resident-tokens",
+            "--max-context",
+            "--memory-gib",
+            "--input-tokens",
+            "--output-tokens",
+        ],
+    ),
+    "simulate": (
+        ["simulate", "--requests", "20"],
+        [
+            "--requests",
+            "--prompt-len",
+            "--output-len",
+            "--rate",
+            "--seed",
+            "--budget-tokens",
+            "--kv-gib",
+            "--preset",
+            "--kv-dtype",
+            "--page-size",
+            "--max-model-len",
+            "--step-ms",
+            "--trace",
+            "--distribution",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(OFFLINE))
+def test_offline_commands_answer_or_refuse_in_one_line(name, tmp_path):
+    prefix, flags = OFFLINE[name]
+    for flag in flags:
+        for value in HOSTILE:
+            argv = [*prefix, flag, value]
+            code, _, err = call(argv)
+            assert_clean(argv, code, err)
+
+
+def test_database_commands(empty_db, tmp_path):
+    cases = [
+        (["runs"], ["--db"]),
+        (["report", empty_db], ["--run", "--format", "-o", "--db"]),
+        (["tui", empty_db], ["--run", "--db"]),
+        (["dash", str(tmp_path / "none.db")], ["--port", "--refresh", "--host"]),
+    ]
+    for prefix, flags in cases:
+        for flag in flags:
+            for value in HOSTILE:
+                argv = [*prefix, flag, value]
+                code, _, err = call(argv)
+                assert_clean(argv, code, err)
+    for db in ("", "\udcff", str(tmp_path), "/nonexistent/dir/x.db", empty_db):
+        for command in ("runs", "report", "tui"):
+            argv = [command, db]
+            code, _, err = call(argv)
+            assert_clean(argv, code, err)
+
+
+def test_jsonl_workload_lines(tmp_path):
+    """Bad workload lines, each refused by line number before the model loads."""
+    lines = [
+        b'{"prompt": "caf\xe9 \xff"}',
+        b'{"prompt": "\\ud800"}',
+        b'{"prompt": "ok", "arrival_s": NaN}',
+        b'{"prompt": "ok", "arrival_s": Infinity}',
+        b'{"prompt": "ok", "arrival_s": 1e300}',
+        b'{"prompt": "ok", "max_tokens": 1.5}',
+        b'{"prompt": "ok", "max_tokens": -1}',
+        b'{"prompt": ""}',
+        b'{"prompt": 3}',
+        b"[1, 2]",
+        b"\xff\xfe",
+    ]
+    for i, line in enumerate(lines):
+        wl = tmp_path / f"w{i}.jsonl"
+        wl.write_bytes(b'{"prompt": "fine"}\n' + line + b"\n")
+        argv = ["run", "--headless", "--db", str(tmp_path / "w.db"), "--workload", str(wl)]
+        code, _, err = call([*argv, "--model", NO_MODEL])
+        assert_clean(argv, code, err)
+        assert code == 2 and f"w{i}.jsonl:2:" in err and NOT_FOUND not in err, (line, err)
+
+
+def test_every_command_is_fuzzed():
+    covered = {"run", "generate", "info", "eval", "calc", "simulate", "runs", "report", "tui"}
+    covered |= {"dash", "watch", "replay"}
+    assert set(COMMANDS) <= covered, set(COMMANDS) - covered
+
+
+def test_watch_numeric_flags(tmp_path):
+    """``watch`` (app/commands/watch.py, another issue's): its flags, with the duration finite."""
+    db = str(tmp_path / "watch.db")
+    for flag in ("--dp-size", "--scrape-interval"):
+        for value in HOSTILE:
+            argv = ["watch", db, "--source", "tcp://127.0.0.1:1", flag, value, "--duration", "0.2"]
+            code, _, err = call(argv)
+            assert_clean(argv, code, err)
