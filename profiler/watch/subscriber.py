@@ -14,6 +14,7 @@ drop comes back as a gap.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -58,7 +59,22 @@ class Stream:
     restarts: int = 0
     disconnects: int = 0
     last_ts: float | None = None  # the engine's timestamp on the last batch accepted
+    replaying: _Replay | None = None  # a gap being fetched: live batches wait behind it
     bad_messages: int = 0
+
+
+@dataclass(slots=True)
+class _Replay:
+    """One gap [first, end) being fetched on its own thread."""
+
+    first: int
+    end: int
+    last: int | None  # the stream's last accepted seq and its timestamp, when it began
+    last_ts: float | None
+    pending: list[tuple[int, EventBatch | str]] = field(default_factory=list)  # live, after
+    batches: list[tuple[int, EventBatch | str]] = field(default_factory=list)  # replayed
+    restarted_ts: float | None = None  # set when the buffer showed an engine restart
+    detail: str | None = None  # why nothing (or not all) came back
 
 
 class Sink(Protocol):
@@ -113,6 +129,8 @@ class Subscriber:
         self._streams: list[Stream] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._replays: list[threading.Thread] = []
+        self._replayed: queue.SimpleQueue[Stream] = queue.SimpleQueue()  # fetched, to deliver
         self.error: BaseException | None = None
         try:
             for spec in specs:
@@ -193,6 +211,12 @@ class Subscriber:
                         self._on_monitor(sock)
                     else:
                         self._drain(sock)
+                self._deliver_replays()
+            # Stopping: the gaps being fetched finish (each within its timeout), and
+            # what waited behind them is handed on before the recorder's last write.
+            while self._replays:
+                self._replays.pop().join()
+                self._deliver_replays()
         except BaseException as exc:  # reported by the watch command, never silent
             self.error = exc
             log.exception("kvscope watch: subscriber stopped")
@@ -241,7 +265,14 @@ class Subscriber:
         stream = (
             self._stream_for(sock, message.topic, batch) if isinstance(batch, EventBatch) else base
         )
-        seq = message.seq
+        self._accept(stream, message.seq, batch)
+
+    def _accept(self, stream: Stream, seq: int, batch: EventBatch | str) -> None:
+        """A live batch in sequence order: delivered, or (behind a gap being
+        replayed) kept until the gap's batches are in."""
+        if stream.replaying is not None:
+            stream.replaying.pending.append((seq, batch))
+            return
         verdict = stream.tracker.classify(seq)
         if verdict is Verdict.DUPLICATE:
             return
@@ -252,7 +283,8 @@ class Subscriber:
             stream.tracker.reset()
             verdict = stream.tracker.classify(seq)
         if verdict is Verdict.GAP:
-            self._fill_gap(sock, stream, stream.tracker.expected, seq)
+            self._start_replay(stream, stream.tracker.expected, seq, (seq, batch))
+            return
         self._deliver(stream, seq, batch)
 
     def _deliver(self, stream: Stream, seq: int, batch: EventBatch | str) -> None:
@@ -269,75 +301,110 @@ class Subscriber:
 
     # --- replay -------------------------------------------------------------------
 
-    def _fill_gap(self, sock: _Socket, stream: Stream, first: int, end: int) -> None:
-        """Ask the replay socket for batches [first, end); count what does not come back."""
+    def _start_replay(
+        self, stream: Stream, first: int, end: int, live: tuple[int, EventBatch | str]
+    ) -> None:
+        """Fetch the batches [first, end) on a thread of their own, so the other
+        sources are read meanwhile; ``live`` (and what follows) waits behind them."""
         stream.gaps += 1
         endpoint = stream.spec.replay
         if endpoint is not None and stream.dp_rank != stream.spec.dp_rank and stream.dp_rank:
             # A rank found in the payloads of a one-port listener: its replay port by the rule.
             endpoint = offset_endpoint(endpoint, stream.dp_rank)
-        got = 0
-        detail = "no replay endpoint"
-        if endpoint is not None:
-            try:
-                try:
-                    got = self._replay(sock, stream, endpoint, first, end)
-                except _Restarted as restarted:
-                    # The engine restarted and its new numbering overtook ours before
-                    # we saw it: what it sent since its restart is what is missing.
-                    stream.restarts += 1
-                    self._sink.on_restart(stream, stream.tracker.last, end, restarted.ts + 1e-6)
-                    stream.tracker.reset()
-                    first = 0
-                    got = self._replay(sock, stream, endpoint, 0, end, check=False)
-                detail = None if got == end - first else "replay buffer no longer holds them"
-            except KvscopeError as exc:
-                detail = str(exc)
-        lost = end - first - got
-        stream.recovered_batches += got
-        stream.lost_batches += lost
-        self._sink.on_incident(stream, "gap", first, end - 1, got, lost, detail)
+        job = _Replay(first, end, stream.tracker.last, stream.last_ts, [live])
+        stream.replaying = job
+        if endpoint is None:
+            job.detail = "no replay endpoint"
+            self._replayed.put(stream)
+            return
+        thread = threading.Thread(
+            target=self._fetch_gap, args=(stream, endpoint, job), name="kvscope-watch-replay",
+            daemon=True,
+        )  # fmt: skip
+        self._replays.append(thread)
+        thread.start()
 
-    def _replay(
-        self, sock: _Socket, stream: Stream, endpoint: str, first: int, end: int, *,
-        check: bool = True,
-    ) -> int:  # fmt: skip
-        """Deliver the buffered batches [first, end); returns how many came. With
-        ``check``, also asks for the last batch accepted: when the buffer's batch of
-        that number is not the one recorded (another timestamp), the engine
-        restarted, and ``_Restarted`` says so."""
-        dealer = sock.replays.get(endpoint)
-        if dealer is None:
-            dealer = sock.replays[endpoint] = self._ctx.socket(zmq.DEALER)
-            dealer.setsockopt(zmq.LINGER, 0)
-            dealer.connect(endpoint)
-        last = stream.tracker.last
-        known = check and last is not None and last >= 0 and stream.last_ts is not None
-        dealer.send_multipart([b"", pack_seq(last if known else first)])
-        got = 0
-        deadline = time.monotonic() + REPLAY_TIMEOUT_S
+    def _fetch_gap(self, stream: Stream, endpoint: str, job: _Replay) -> None:
+        """The replay thread: only reads its own DEALER and fills ``job``."""
         try:
+            try:
+                job.batches = self._fetch(endpoint, job, job.first, check=True)
+            except _Restarted as restarted:
+                # The engine restarted and its new numbering overtook ours before
+                # we saw it: what it sent since its restart is what is missing.
+                job.restarted_ts = restarted.ts
+                job.first = 0
+                job.batches = self._fetch(endpoint, job, 0, check=False)
+        except KvscopeError as exc:
+            job.detail = str(exc)
+        except Exception as exc:  # never leave the stream waiting behind a dead thread
+            job.detail = f"replay failed: {exc}"
+        finally:
+            self._replayed.put(stream)
+
+    def _fetch(
+        self, endpoint: str, job: _Replay, first: int, *, check: bool
+    ) -> list[tuple[int, EventBatch | str]]:
+        """The buffered batches [first, job.end). With ``check``, also asks for the
+        last batch accepted: when the buffer's batch of that number is not the one
+        recorded (another timestamp), the engine restarted (``_Restarted``)."""
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        try:
+            dealer.connect(endpoint)
+            last = job.last
+            known = check and last is not None and last >= 0 and job.last_ts is not None
+            dealer.send_multipart([b"", pack_seq(last if known else first)])
+            out = []
+            deadline = time.monotonic() + REPLAY_TIMEOUT_S
             while True:
                 if not dealer.poll(max(0, int((deadline - time.monotonic()) * 1000))):
                     raise KvscopeError(f"replay from {endpoint} timed out")
                 message = parse_replay(dealer.recv_multipart())
                 if message.seq == REPLAY_END:
-                    return got
+                    return out
                 if known and message.seq == last:
                     replayed = _decode(message.payload)
-                    if isinstance(replayed, EventBatch) and replayed.ts != stream.last_ts:
-                        _drain_replay(dealer, deadline)
-                        raise _Restarted(stream.last_ts)
+                    if isinstance(replayed, EventBatch) and replayed.ts != job.last_ts:
+                        raise _Restarted(job.last_ts)
                     continue
                 # Only the missing range: later batches are still on their way live.
-                if stream.tracker.expected <= message.seq < end:
-                    self._deliver(stream, message.seq, _decode(message.payload))
-                    got += 1
-        except KvscopeError:
-            # A late or unread answer must not be taken for the next one: start afresh.
+                if first <= message.seq < job.end:
+                    out.append((message.seq, _decode(message.payload)))
+        finally:
             dealer.close(0)
-            del sock.replays[endpoint]
-            raise
+
+    def _deliver_replays(self) -> None:
+        """Hand on the gaps fetched since the last call, then what waited behind them."""
+        while True:
+            try:
+                stream = self._replayed.get_nowait()
+            except queue.Empty:
+                return
+            job = stream.replaying
+            stream.replaying = None
+            if job is None:
+                continue
+            if job.restarted_ts is not None:
+                stream.restarts += 1
+                self._sink.on_restart(stream, stream.tracker.last, job.end, job.restarted_ts + 1e-6)
+                stream.tracker.reset()
+            got = 0
+            for seq, batch in job.batches:
+                if stream.tracker.expected <= seq < job.end:
+                    self._deliver(stream, seq, batch)
+                    got += 1
+            wanted = job.end - job.first
+            detail = job.detail or (None if got == wanted else "replay buffer no longer holds them")
+            stream.recovered_batches += got
+            stream.lost_batches += wanted - got
+            self._sink.on_incident(stream, "gap", job.first, job.end - 1, got, wanted - got, detail)
+            # The batch that showed the gap is next now, whatever came back; those
+            # behind it take their turn in order (and may show another gap).
+            (seq, batch), *behind = job.pending
+            self._deliver(stream, seq, batch)
+            for seq, batch in behind:
+                self._accept(stream, seq, batch)
 
 
 class _Restarted(Exception):  # noqa: N818 (a signal between two methods, not an error)
@@ -345,14 +412,6 @@ class _Restarted(Exception):  # noqa: N818 (a signal between two methods, not an
 
     def __init__(self, ts: float) -> None:
         self.ts = ts  # the old engine's last batch: the reset goes right after it
-
-
-def _drain_replay(dealer: zmq.Socket, deadline: float) -> None:
-    """Read a replay's answer to its end, so the next request's is not mixed in."""
-    while dealer.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-        if parse_replay(dealer.recv_multipart()).seq == REPLAY_END:
-            return
-    raise KvscopeError("replay timed out")
 
 
 def _decode(payload: bytes) -> EventBatch | str:

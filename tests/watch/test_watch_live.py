@@ -395,3 +395,41 @@ def test_a_restart_that_overtook_the_old_numbering_is_detected(tmp_path: Path, p
     ]
     (stats,) = q.block_stats(db, session.run_id)
     assert stats.resets == 1 and stats.cached == {"GPU": 7}  # only the new engine's
+
+
+def test_a_replay_does_not_hold_up_the_other_sources(
+    tmp_path: Path, publishers, monkeypatch
+) -> None:
+    """A gap is fetched on its own thread: while one source's replay endpoint is
+    silent, the others' batches are delivered; the gap's own later batches wait."""
+    import zmq
+
+    import profiler.watch.subscriber as sub
+
+    monkeypatch.setattr(sub, "REPLAY_TIMEOUT_S", 5.0)
+    ctx = zmq.Context.instance()
+    silent = ctx.socket(zmq.ROUTER)  # a replay endpoint that never answers
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    slow, other = publishers(), publishers()
+    specs = expand_sources(slow.endpoint, replay=f"tcp://127.0.0.1:{port}") + expand_sources(
+        other.endpoint
+    )
+    session = _session(tmp_path / "w.db", specs)
+    for pub in (slow, other):
+        pub.wait_for_subscribers()
+    slow.publish([vllm_stored([1])])
+    wait_until(lambda: session.status().batches == 1)
+    slow.drop_next(2)
+    for h in range(2, 6):
+        slow.publish([vllm_stored([h])])  # seq 1-2 dropped, 3 shows the gap, 4 waits
+    wait_until(lambda: session.subscriber.streams[0].replaying is not None)
+    for h in range(3):
+        other.publish([vllm_stored([100 + h])])
+    wait_until(lambda: session.subscriber.streams[1].batches == 3)
+    assert session.subscriber.streams[0].replaying is not None  # still waiting on it
+    wait_until(lambda: session.status().batches == 6, timeout_s=30)  # 1 + 3 + the 2 behind
+    status = session.stop()
+    silent.close(0)
+    assert (status.gaps, status.lost_batches) == (1, 2)
+    rows = _rows(tmp_path / "w.db", "SELECT seq FROM watch_blocks WHERE source = 0 ORDER BY rowid")
+    assert rows == [(0,), (3,), (4,)]  # in order, after the gap
