@@ -113,7 +113,6 @@ class _Socket:
     monitor: zmq.Socket
     base: Stream
     streams: dict[tuple[bytes, int | None], Stream]
-    replays: dict[str, zmq.Socket] = field(default_factory=dict)
 
 
 class Subscriber:
@@ -190,8 +189,6 @@ class Subscriber:
             sock.sub.disable_monitor()
             sock.monitor.close(0)
             sock.sub.close(0)
-            for dealer in sock.replays.values():
-                dealer.close(0)
         self._sockets = []
         self._ctx.term()
 
