@@ -245,3 +245,30 @@ def test_watch_numeric_flags(tmp_path):
             argv = ["watch", db, "--source", "tcp://127.0.0.1:1", flag, value, "--duration", "0.2"]
             code, _, err = call(argv)
             assert_clean(argv, code, err)
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        (None, None, None, None),
+        ("llama3-8b", "h100-80", None, 25),
+        ("llama3-8b", "", "fp8_e4m3", 25),
+        ("nope", "h100-80", "fp8_e4m3", 25),
+        ("llama3-8b", "h100-80", "int3", 25),
+        ("llama3-8b", "h100-80", "fp8_e4m3", float("nan")),
+        ("llama3-8b", "h100-80", "fp8_e4m3", 150),
+    ],
+)
+def test_sizing_page_callback_shows_bad_input_on_the_page(inputs, tmp_path):
+    """The Sizing page's callback answers every input with a page, never ends the server."""
+    from dash_callbacks import call as call_callback
+
+    from app.dashboard.server import create_app
+
+    path = tmp_path / "d.db"
+    open_db(path).conn.close()
+    app = create_app(path)
+    tiles, fig = call_callback(app, "sizing-tiles.children", *inputs)
+    text = str(tiles)
+    assert "choose a" in text or "resident share" in text, text
+    assert fig.layout.annotations  # the chart says so too

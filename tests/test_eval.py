@@ -72,7 +72,10 @@ def test_few_blocks_hold_a_fraction_of_the_kv(loaded):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--infllm-topk-blocks", "0"], "--infllm-topk-blocks must be >= 1"),
+        (
+            ["--infllm-topk-blocks", "0"],
+            "argument --infllm-topk-blocks: must be a positive integer, got 0",
+        ),
         (["--kv-dtype", "int8"], "infllm attention needs a float KV dtype"),
     ],
 )
@@ -85,7 +88,10 @@ def test_bad_infllm_flags_are_one_line_errors(capsys, argv, message):
 def test_bad_chunk_is_a_one_line_error(capsys):
     assert main(["eval", "perplexity", "--chunk", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["kvscope: error: --chunk must be >= 1"]
+    assert err == [
+        "kvscope: error: argument --chunk: must be a positive integer, got 0 "
+        "(see kvscope eval perplexity --help)"
+    ]
 
 
 @pytest.mark.slow

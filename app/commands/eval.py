@@ -12,30 +12,42 @@ import argparse
 import json
 
 from app.engine_options import add_engine_options, engine_config_from_args
+from app.evals.passkey import PASSKEY_MIN_TOKENS
+from app.sizing_args import positive_int
 from engine.engine_config import EngineConfig
 from engine.errors import KvscopeError
 
+MAX_LENGTH = 1 << 20  # tokens: past every model's context (checked exactly once it loads)
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"lengths must be >= 1, got {text!r}")
-    return values
+
+def _lengths(minimum: int):
+    """``--lengths N,N``: token counts from ``minimum`` (what the task's prompt needs) up."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated integers, got {text!r}"
+            ) from None
+        if any(not minimum <= v <= MAX_LENGTH for v in values):
+            raise argparse.ArgumentTypeError(
+                f"lengths must be {minimum:,} to {MAX_LENGTH:,} tokens, got {text!r}"
+            )
+        return values
+
+    parse.__name__ = "lengths"
+    return parse
 
 
 def _depths(text: str) -> list[float]:
     try:
-        values = [float(v) for v in text.split(",")]
+        values = [float(v) for v in text.split(",")]  # NaN fails the range check below
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated numbers, got {text!r}"
         ) from None
-    if any(not 0.0 <= v <= 1.0 for v in values):
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
         raise argparse.ArgumentTypeError(f"depths must be in [0, 1], got {text!r}")
     return values
 
@@ -51,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pk = tasks.add_parser("passkey", help="passkey accuracy over context lengths and depths")
     pk.add_argument(
         "--lengths",
-        type=_ints,
+        type=_lengths(PASSKEY_MIN_TOKENS),
         default=[1024, 2048, 4096, 8000],
         metavar="N,N",
         help="prompt lengths in tokens (default 1024,2048,4096,8000)",
@@ -66,13 +78,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     ppl = tasks.add_parser("perplexity", help="perplexity and top-1 agreement on long text")
     ppl.add_argument(
         "--lengths",
-        type=_ints,
+        type=_lengths(2),
         default=[4096, 8000],
         metavar="N,N",
         help="text lengths in tokens (default 4096,8000)",
     )
     ppl.add_argument(
-        "--chunk", type=int, default=256, metavar="N", help="tokens scored per step (default 256)"
+        "--chunk",
+        type=positive_int,
+        default=256,
+        metavar="N",
+        help="tokens scored per step (default 256)",
     )
     for task in (pk, ppl):
         task.add_argument("--seed", type=int, default=0, help="passkey digits / text seed")
@@ -86,8 +102,6 @@ def run(args: argparse.Namespace) -> int:
     from app.evals.report import passkey_table, perplexity_table, render
 
     config = engine_config_from_args(args)
-    if args.task == "perplexity" and args.chunk < 1:
-        raise KvscopeError("--chunk must be >= 1")
     longest = max(args.lengths)
     comparison = Comparison(config)
     limit = comparison.engines["full"].max_request_tokens

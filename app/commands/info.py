@@ -1,10 +1,16 @@
-"""``kvscope info``: the model's shape and how much KV cache the budget buys."""
+"""``kvscope info``: the model's shape and how much KV cache the budget buys.
+
+Its default KV budget is ``kvscope run``'s (24 MiB), so ``info`` with the flags
+of a ``run`` describes the pool that run starts with; ``run`` grows it for a
+workload whose longest requests do not fit, unless ``--kv-budget`` is given.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from app.commands.run import RUN_KV_BUDGET
 from app.engine_options import add_engine_options, engine_config_from_args
 
 
@@ -15,7 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_engine_options(p)
+    add_engine_options(
+        p,
+        kv_budget=RUN_KV_BUDGET,
+        offload="auto",
+        kv_budget_note=", as kvscope run starts with (run grows it to fit a workload)",
+    )
     p.set_defaults(handler=run)
 
 

@@ -2,7 +2,8 @@
 
 html: one self-contained file (opens offline) with the summary and main charts.
 trace: Chrome Trace Event JSON; open it at ui.perfetto.dev or chrome://tracing.
-csv: a directory with one CSV per table. json: every table in one file.
+csv: a directory with one CSV per table (-o names the directory, even as run1.csv).
+json: every table in one document, on stdout unless -o names a file.
 mooncake: the run's requests as a Mooncake-format trace (page-level hash ids of
 each prompt), for ``kvscope replay --block-size PAGE`` at other capacities.
 """
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from app.db_argument import add_db_argument, db_path, run_id
+from engine.errors import KvscopeError
 
 FORMATS = ("html", "trace", "csv", "json", "mooncake")
 
@@ -46,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         default=None,
         metavar="PATH",
-        help="file (a directory for csv); default kvscope-run<ID>.html / .trace.json / -csv / .json",
+        help="file to write; for csv the DIRECTORY that gets one CSV per table; default "
+        "kvscope-run<ID>.html / .trace.json / -csv/ / .mooncake.jsonl, and stdout for json",
     )
     p.add_argument("--format", choices=FORMATS, default="html", help="what to write (default html)")
     p.set_defaults(handler=run)
@@ -54,12 +57,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.report.html import build_html
-    from app.report.tables import write_csv, write_json
+    from app.report.tables import json_document, write_csv, write_json
     from app.report.trace import build_trace
     from db.queries import choose_run, reader
 
     with reader(db_path(args)) as db:
         run_id = choose_run(db, args.run)
+        if args.format == "json" and args.output is None:
+            json.dump(json_document(db, run_id), sys.stdout, separators=(",", ":"))
+            print()
+            return 0
         out = args.output or default_output(run_id, args.format)
         if args.format == "mooncake":
             from app.report.mooncake import write_mooncake
@@ -67,7 +74,11 @@ def run(args: argparse.Namespace) -> int:
             block = write_mooncake(db_path(args), run_id, out)
             print(f"kvscope report: replay it with --block-size {block}", file=sys.stderr)
         elif args.format == "csv":
-            write_csv(db, run_id, out)
+            if out.exists() and not out.is_dir():
+                raise KvscopeError(f"{out} is a file; --format csv writes a directory of CSV files")
+            files = write_csv(db, run_id, out)
+            print(f"{out}/: a directory of {len(files)} CSV files, one per table")
+            return 0
         elif args.format == "json":
             write_json(db, run_id, out)
         else:

@@ -15,6 +15,7 @@ from dash import dcc, html
 
 from app.cliff import cliff_figure, cliff_report
 from app.dashboard.figures import FONT, Tile
+from engine.errors import KvscopeError
 from engine.presets import DEVICES, MODELS
 from engine.sizing import KV_DTYPES
 
@@ -27,6 +28,19 @@ def cliff(model: str, device: str, kv_dtype: str, resident_pct: float | None) ->
     [--resident-tokens PCT%]`` as a dict (its ``--json``)."""
     from app.cli import build_parser  # the CLI's own flags and defaults
 
+    # A cleared control sends None: say which one, as the CLI would (its parser raises
+    # KvscopeError, never exits: a callback must not end the dashboard's server).
+    for name, value, choices in (
+        ("model", model, MODELS),
+        ("device", device, DEVICES),
+        ("KV dtype", kv_dtype, KV_DTYPES),
+    ):
+        if not isinstance(value, str) or value not in choices:
+            raise KvscopeError(f"choose a {name}: one of {', '.join(choices)}")
+    if resident_pct is not None and (
+        not isinstance(resident_pct, (int, float)) or not 0 <= resident_pct <= 100
+    ):
+        raise KvscopeError(f"InfLLM resident share must be 0-100%, got {resident_pct!r}")
     argv = ["calc", "cliff", "--preset", model, "--device", device, "--kv-dtype", kv_dtype]
     if resident_pct:
         argv += ["--resident-tokens", f"{resident_pct:g}%"]

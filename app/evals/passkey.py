@@ -21,6 +21,9 @@ FILLER = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 )
 QUESTION = "\nWhat is the pass key? The pass key is"
+# The instruction, key sentence and question take about 70 tokens in SmolLM2's tokenizer;
+# a prompt needs room for them and some filler. Checked before a model loads.
+PASSKEY_MIN_TOKENS = 128
 
 
 @dataclass(frozen=True, slots=True)

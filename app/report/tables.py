@@ -85,16 +85,20 @@ def _records(columns: list[str], rows: Iterable[tuple]) -> Iterator[dict[str, An
         yield record
 
 
-def write_json(db: Database, run_id: int, path: Path) -> Path:
-    """``{"run": ..., "tables": {name: [row objects]}}`` in one file."""
-    document = {
+def json_document(db: Database, run_id: int) -> dict:
+    """``{"run": ..., "tables": {name: [row objects]}}``."""
+    return {
         "run": asdict(run_info(db, run_id)),
         "tables": {
             name: list(_records(columns, rows))
             for name, (columns, rows) in run_tables(db, run_id).items()
         },
     }
+
+
+def write_json(db: Database, run_id: int, path: Path) -> Path:
+    """``json_document`` in one file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
-        json.dump(document, f, separators=(",", ":"))
+        json.dump(json_document(db, run_id), f, separators=(",", ":"))
     return path

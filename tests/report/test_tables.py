@@ -12,8 +12,11 @@ def test_csv_directory_has_one_file_per_table(synthetic_db, tmp_path, capsys):
     path, run_id, run = synthetic_db
     out = tmp_path / "csv"
     assert main(["report", str(path), "--format", "csv", "-o", str(out)]) == 0
-    assert capsys.readouterr().out.strip() == str(out)
     files = {p.stem for p in out.iterdir()}
+    assert (
+        capsys.readouterr().out.strip()
+        == f"{out}/: a directory of {len(files)} CSV files, one per table"
+    )
     assert files == {
         "summary",
         "requests",
@@ -56,5 +59,5 @@ def test_json_document_holds_every_table(synthetic_db, tmp_path):
 def test_default_output_name(synthetic_db, tmp_path, monkeypatch):
     path, run_id, _ = synthetic_db
     monkeypatch.chdir(tmp_path)
-    assert main(["report", str(path), "--format", "json"]) == 0
-    assert (tmp_path / f"kvscope-run{run_id}.json").exists()
+    assert main(["report", str(path), "--format", "csv"]) == 0
+    assert (tmp_path / f"kvscope-run{run_id}-csv").is_dir()
