@@ -170,7 +170,10 @@ def test_watch_page_draws_a_watch_run(page, watched_and_infllm):
     page.goto(server.url.rstrip("/") + "/watch")
     _choose_run(page, watch_id)
     page.wait_for_selector("#watch-sources td")
-    assert wait_for_graphs(page) == 2  # cached blocks by medium, duplication (no /metrics)
+    # Cached blocks by medium, misses, residency from the events, cached tokens by
+    # source (empty: no /metrics), duplication, the recorder's back-pressure.
+    assert wait_for_graphs(page) == 6
+    assert page.locator("#watch-misses td").filter(has_text="fleet").count() == 1
     assert page.locator("#watch-sources tr:has(td)").count() == 4
     assert page.locator("#watch-duplication td").filter(has_text="vllm").count() == 1
     page.locator("#nav-kv-cache").click()
