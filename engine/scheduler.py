@@ -65,16 +65,18 @@ class Scheduler:
         return "recompute"
 
     def _steady(self, budget: int) -> ScheduledBatch | None:
-        """The batch when nothing changes: nobody waits, every running request takes all the
-        tokens it needs within the budget and the free pages cover its growth. Then the loop
-        below would schedule exactly this (no reclaim, no preemption, no admission), so it is
-        built in one pass; None sends the step down the general path."""
-        if self.waiting:
-            return None
+        """The batch when nothing changes: every running request takes all the tokens it
+        needs within the budget, the free pages cover its growth, and nobody can be admitted
+        (nobody waits, or the sequence limit or the budget is reached). Then the loop below
+        would schedule exactly this (no reclaim, no preemption, no admission), so it is built
+        in one pass; None sends the step down the general path."""
         running = self.running
         num_new = [req.num_tokens - req.num_computed for req in running]
-        if sum(num_new) > budget:
+        total = sum(num_new)
+        if total > budget:
             return None
+        if self.waiting and total < budget and len(running) < self.config.max_num_seqs:
+            return None  # a waiting request may be admitted
         kv = self.kv
         ps = kv.page_size
         growing = []

@@ -130,9 +130,12 @@ class _GeneralOnly(Scheduler):
         return None
 
 
-@pytest.mark.parametrize("preemption", ["recompute", "swap"])
-def test_the_steady_state_batch_is_the_general_loops_batch(preemption):
-    """Tight pages (evictions, preemptions), staggered arrivals: the scheduler's one-pass
+@pytest.mark.parametrize(
+    ("preemption", "max_seqs"), [("recompute", 256), ("swap", 256), ("recompute", 3)]
+)
+def test_the_steady_state_batch_is_the_general_loops_batch(preemption, max_seqs):
+    """Tight pages (evictions, preemptions), staggered arrivals, requests waiting behind
+    the sequence limit: the scheduler's one-pass
     batch, where it applies, is exactly what the general loop schedules, step by step,
     and it does apply to many of them."""
     rng = random.Random(5)
@@ -141,7 +144,7 @@ def test_the_steady_state_batch_is_the_general_loops_batch(preemption):
         (i * 3, prefix + [rng.randrange(1, 64) for _ in range(rng.randrange(1, 20))], 25)
         for i in range(12)
     ]
-    engines = [tiny_engine(40, preemption=preemption) for _ in range(2)]
+    engines = [tiny_engine(40, preemption=preemption, max_num_seqs=max_seqs) for _ in range(2)]
     general = engines[1]
     general.scheduler = _GeneralOnly(general.config, general.kv)
     steady = 0
