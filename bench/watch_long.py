@@ -18,6 +18,7 @@ it), the TUI's ``WatchView`` refresh (snapshot and render) and
 ``kvscope report --format html``.
 
     .venv/bin/python bench/watch_long.py [--events 500000,1000000,2000000,4000000]
+    .venv/bin/python bench/watch_long.py --removals   # a removal's cost past 1M of them
 """
 
 from __future__ import annotations
@@ -297,13 +298,38 @@ def time_views(path: Path, repeats: int) -> dict:
     return out
 
 
+def removal_cost(chunk: int = 200_000, chunks: int = 7) -> None:
+    """Per-removal cost as a source's memory of removed hashes fills to its bound
+    (1M) and trims its oldest: flat, where the replay's dict had made each removal
+    40-620 us past 1M (issue 23)."""
+    from db.watch_aggregates import FleetState
+
+    state = FleetState(1, 0)
+    state.add_source(0, "vllm")
+    for k in range(chunks):
+        hashes = list(range(k * chunk, (k + 1) * chunk))
+        state.apply([(0, 0, k, OP_STORED, None, None, "GPU", 0, chunk)], [hashes])
+        t = time.perf_counter()
+        state.apply([(0, 0, k, OP_REMOVED, None, None, "GPU", 0, chunk)], [hashes])
+        us = (time.perf_counter() - t) / chunk * 1e6
+        remembered = len(state.sources[0].evicted)
+        print(f"removals {k * chunk:>9,} to {(k + 1) * chunk:,}: {us:.2f} us each "
+              f"(remembered {remembered:,})")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", default="500000,1000000,2000000,4000000")
     parser.add_argument("--dir", type=Path, default=Path("/tmp"))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--views", type=Path, help=argparse.SUPPRESS)  # the child process
+    parser.add_argument(
+        "--removals", action="store_true", help="only the per-removal cost past 1M removals"
+    )
     args = parser.parse_args()
+    if args.removals:
+        removal_cost()
+        return
     if args.views:
         print(json.dumps(time_views(args.views, args.repeats)))
         return
