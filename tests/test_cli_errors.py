@@ -20,7 +20,8 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def assert_one_line_error(err: str, *fragments: str) -> None:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
+    # "[kvscope] loading model ..." progress lines may come first; the error is one line.
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[kvscope] ")]
     assert len(lines) == 1, err
     assert lines[0].startswith("kvscope: error: ")
     assert "Traceback" not in err

@@ -13,6 +13,7 @@ import json
 
 from app.engine_options import add_engine_options, engine_config_from_args
 from app.evals.passkey import PASSKEY_MIN_TOKENS
+from app.progress import Progress, loading_model
 from app.sizing_args import positive_int
 from engine.engine_config import EngineConfig
 from engine.errors import KvscopeError
@@ -103,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
 
     config = engine_config_from_args(args)
     longest = max(args.lengths)
-    comparison = Comparison(config)
+    with loading_model(config.model):
+        comparison = Comparison(config)
     limit = comparison.engines["full"].max_request_tokens
     if longest + (ANSWER_TOKENS if args.task == "passkey" else 0) > limit:
         raise KvscopeError(
@@ -122,9 +124,11 @@ def run(args: argparse.Namespace) -> int:
             return perplexity_table(comparison.perplexity(case, args.chunk, args.seed))
 
     table: list[dict] = []
+    progress = Progress(len(cases), "cases")
     for i, case in enumerate(cases):
         rows = measure(case)
         table.extend(rows)
+        progress.advance()
         if not args.json:  # long cases take minutes: print each as it completes
             print(render(rows, header=i == 0), flush=True)
     if args.json:

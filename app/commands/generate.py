@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from app.engine_options import add_engine_options, engine_config_from_args
+from app.progress import loading_model
 from app.sizing_args import finite
 from engine.errors import RequestError
 
@@ -52,7 +54,17 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop=list(args.stop),
     )
-    engine = Engine(engine_config_from_args(args))
+    config = engine_config_from_args(args)
+    with loading_model(config.model):
+        engine = Engine(config)
+    context = engine.model_config.max_position
+    if params.max_tokens > context:  # the context ends every request first anyway
+        print(
+            f"[kvscope] warning: --max-tokens {params.max_tokens:,} is past the model's context; "
+            f"clamped to {context:,}",
+            file=sys.stderr,
+        )
+        params = dataclasses.replace(params, max_tokens=context)
     ids: list[int | str] = []
     for i, prompt in enumerate(args.prompts):
         try:

@@ -12,6 +12,7 @@ import json
 
 from app.commands.run import RUN_KV_BUDGET
 from app.engine_options import add_engine_options, engine_config_from_args
+from app.progress import loading_model
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.engine import Engine
 
-    engine = Engine(engine_config_from_args(args))
+    config = engine_config_from_args(args)
+    with loading_model(config.model):
+        engine = Engine(config)
     c = engine.model_config
     info = {
         "model": engine.loaded.source,

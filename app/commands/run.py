@@ -22,6 +22,7 @@ import threading
 
 from app.db_argument import add_db_argument, db_path
 from app.engine_options import add_engine_options, engine_config_from_args, parse_size
+from app.progress import loading_model
 from app.sizing_args import at_most, non_negative, port
 from app.workloads import BUILTIN, MAX_REQUESTS, WorkItem, load_workload
 from db.miss_reasons import miss_line, run_miss_reasons
@@ -102,13 +103,17 @@ def workload_kv_bytes(engine, items: list[WorkItem]) -> int:
     output, up to the model's context) at once, in whole pages."""
     from app.run_job import render_prompt
 
-    longest = max(
-        min(
-            len(engine.codec.encode(render_prompt(engine, item))) + item.max_tokens,
-            engine.model_config.max_position,
-        )
-        for item in items
-    )
+    context = engine.model_config.max_position
+    prompts = [len(engine.codec.encode(render_prompt(engine, item))) for item in items]
+    # A prompt the context cannot hold is refused whatever the budget: it does not size it.
+    fitting = [
+        min(n + item.max_tokens, context)
+        for n, item in zip(prompts, items, strict=True)
+        if n < context
+    ]
+    if not fitting:
+        return 0
+    longest = max(fitting)
     page_size = engine.config.page_size
     return math.ceil(
         FIT_LONGEST * math.ceil(longest / page_size) * page_size * engine.bytes_per_token
@@ -123,7 +128,16 @@ def _engine_for(args: argparse.Namespace, items: list[WorkItem]):
     if args.kv_budget is None:
         args.kv_budget = parse_size(RUN_KV_BUDGET)
     config = engine_config_from_args(args)
-    engine = Engine(config)
+    with loading_model(config.model):
+        engine = Engine(config)
+    context = engine.model_config.max_position
+    absurd = sum(item.max_tokens > context for item in items)
+    if absurd:  # valid JSON, but no request can write past the context
+        print(
+            f"[kvscope] warning: {absurd} request(s) ask for more than the model's context of "
+            f"{context:,} tokens; they stop at it",
+            file=sys.stderr,
+        )
     needed = workload_kv_bytes(engine, items) if fit else 0
     args.kv_budget_sized = needed > engine.kv_budget_bytes
     if args.kv_budget_sized:
@@ -132,7 +146,7 @@ def _engine_for(args: argparse.Namespace, items: list[WorkItem]):
             f"room for the workload's {FIT_LONGEST} longest requests (--kv-budget sets it)",
             file=sys.stderr,
         )
-        engine = Engine(dataclasses.replace(config, kv_budget_bytes=needed))
+        engine = Engine(dataclasses.replace(config, kv_budget_bytes=needed), loaded=engine.loaded)
     return engine
 
 

@@ -265,7 +265,10 @@ class KvscopeApp(App[None]):
         if run_id is None:
             run_id = self._asked_run or reader.newest_run(after=self._baseline_run)
         if run_id is None:
-            return f"waiting for a run in {self.db_path}"
+            # kvscope run creates its run once the model has loaded (15-30 s on a CPU).
+            return (
+                f"waiting for a run in {self.db_path} (a starting kvscope run is loading its model)"
+            )
         progress = queries.latest_step(reader.conn, run_id)
         key = (run_id, position_s, progress.step, progress.events_written, progress.status)
         if key == self._last_key:

@@ -1,0 +1,47 @@
+"""``kvscope run`` sizes its KV budget to the workload, but never for a prompt the context refuses;
+the progress helper's lines (loading, ETA)."""
+
+from __future__ import annotations
+
+import io
+
+from app.commands.run import FIT_LONGEST, workload_kv_bytes
+from app.progress import Progress, duration_text, loading_model
+from app.workloads import WorkItem
+from engine.engine import Engine
+from engine.engine_config import EngineConfig
+from tiny_model import tiny_loaded
+
+CONTEXT = 512  # the tiny model's
+
+
+def tiny_engine() -> Engine:
+    return Engine(EngineConfig(kv_budget_bytes=1 << 20, page_size=16), loaded=tiny_loaded())
+
+
+def test_a_prompt_longer_than_the_context_does_not_grow_the_budget():
+    engine = tiny_engine()
+    short = WorkItem(" ".join(["t1"] * 40), max_tokens=8, chat=False)
+    too_long = WorkItem(" ".join(["t1"] * (CONTEXT + 10)), max_tokens=8, chat=False)
+    per_page = 16 * engine.bytes_per_token
+    assert workload_kv_bytes(engine, [short]) == FIT_LONGEST * 3 * per_page  # 48 tokens: 3 pages
+    assert workload_kv_bytes(engine, [short, too_long]) == workload_kv_bytes(engine, [short])
+    assert workload_kv_bytes(engine, [too_long]) == 0
+    absurd = WorkItem(" ".join(["t1"] * 40), max_tokens=10**9, chat=False)
+    assert workload_kv_bytes(engine, [absurd]) == FIT_LONGEST * CONTEXT * engine.bytes_per_token
+
+
+def test_progress_lines_say_how_far_and_how_long():
+    out = io.StringIO()
+    progress = Progress(4, "cases", stream=out, every_s=0.0)
+    progress.started -= 30  # as if the first case took 30 s
+    progress.advance()
+    assert out.getvalue().splitlines()[-1] == "[kvscope] 1/4 cases, 30 s, ETA 1 min 30 s"
+    progress.advance(3)
+    assert out.getvalue().splitlines()[-1].startswith("[kvscope] 4/4 cases, 30 s")
+    assert "ETA" not in out.getvalue().splitlines()[-1]
+    assert duration_text(7300) == "2 h 1 min"
+    with loading_model("x.gguf", stream=out):
+        pass
+    assert "[kvscope] loading model x.gguf ..." in out.getvalue()
+    assert "[kvscope] model loaded in " in out.getvalue()
