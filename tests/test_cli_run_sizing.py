@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import io
 
+from tiny_model import tiny_loaded
+
 from app.commands.run import FIT_LONGEST, workload_kv_bytes
 from app.progress import Progress, duration_text, loading_model
 from app.workloads import WorkItem
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
-from tiny_model import tiny_loaded
 
 CONTEXT = 512  # the tiny model's
 
