@@ -103,10 +103,16 @@ class ModelShape:
         return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, kv_dtype)
 
     def kv_head_variants(self) -> dict[str, ModelShape]:
-        """The same model with one KV head per query head (MHA), its own (GQA), and one (MQA)."""
+        """The same model with one KV head per query head (MHA), grouped heads (GQA), and one
+        (MQA). GQA is the model's own grouping, or for an MHA model a real comparison: the
+        largest divisor of its query heads up to 8 (Llama 3's 8 KV heads)."""
+        gqa = self
+        if self.kv_heads == self.q_heads > 1:
+            heads = max(d for d in range(1, min(8, self.q_heads - 1) + 1) if self.q_heads % d == 0)
+            gqa = replace(self, kv_heads=heads)
         return {
             "MHA": replace(self, kv_heads=self.q_heads),
-            "GQA": self,
+            "GQA": gqa,
             "MQA": replace(self, kv_heads=1),
         }
 

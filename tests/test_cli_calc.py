@@ -334,3 +334,18 @@ def test_cliff_chart_labels_sit_on_their_lines_on_log_axes(capsys):
     cliff = report["scenarios"]["fp16 KV"]["cliff_context_len"]
     vline = next(n for n in fig.layout.annotations if f"{cliff:,}" in n.text)
     assert vline.x == pytest.approx(math.log10(cliff))
+
+
+def test_seq_len_is_used_throughout_and_an_mha_model_gets_a_real_gqa_row(capsys):
+    shape = ("--layers", "80", "--q-heads", "64", "--kv-heads", "64", "--head-dim", "128")
+    argv = ["calc", *shape, "--params", "70B", "--device", "h200-141"]
+    r = run_json(capsys, *argv, "--seq-len", "4096", "--batch", "16")
+    assert r["avg_tokens_per_request"] == 4096 and r["input_tokens"] is None
+    assert r["tokens_in_budget"] // 4096 == r["max_avg_batch"]
+    gqa = r["by_kv_heads"]["GQA"]
+    assert gqa["kv_heads"] == 8 and gqa["kv_bytes_per_token"] == r["kv_bytes_per_token"] / 8
+    assert main([*argv, "--seq-len", "4096", "--batch", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "4,096 tokens per sequence" in out and "1,024 in" not in out
+    gqa_row = next(line for line in out.splitlines() if line.startswith("GQA"))
+    assert gqa_row.split()[1] == "8"

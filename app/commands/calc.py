@@ -111,7 +111,11 @@ def sizing_report(args: argparse.Namespace) -> dict[str, Any]:
         raise KvscopeError("--batch needs --seq-len")
     kv_dtype = args.kv_dtype or "fp16"
     budget = memory_budget(args, shape)
-    avg_tokens = avg_tokens_held(args.input_tokens, args.output_tokens)
+    # --seq-len: every request holds that many tokens, and every figure says so.
+    if args.seq_len is not None:
+        avg_tokens = float(args.seq_len)
+    else:
+        avg_tokens = avg_tokens_held(args.input_tokens, args.output_tokens)
     max_len = args.max_model_len or shape.context_len or args.input_tokens + args.output_tokens
 
     def capacity(variant: ModelShape, dtype: str) -> dict[str, Any]:
@@ -130,8 +134,9 @@ def sizing_report(args: argparse.Namespace) -> dict[str, Any]:
         "model": plain_dict(asdict(shape)),
         **(budget_figures(args, budget) if budget else {"device": None}),
         "kv_dtype": kv_dtype,
-        "input_tokens": args.input_tokens,
-        "output_tokens": args.output_tokens,
+        # Not used when --seq-len sets the tokens each request holds.
+        "input_tokens": args.input_tokens if args.seq_len is None else None,
+        "output_tokens": args.output_tokens if args.seq_len is None else None,
         "avg_tokens_per_request": avg_tokens,
         **({"max_model_len": max_len} if budget else {}),
         **capacity(shape, kv_dtype),
@@ -195,16 +200,22 @@ def _print_sizing(r: dict[str, Any]) -> None:
     )
     budget = "kv_budget_bytes" in r
     where = f"{r['device'] or 'device'} ({r['memory_bytes'] / GIB:g} GiB), " if budget else ""
-    print(
-        f"{where}KV {r['kv_dtype']}, {r['input_tokens']:,} in / {r['output_tokens']:,} out. "
-        "Units: GiB = 2^30 bytes.\n"
+    lengths = (
+        f"{r['seq_len']:,} tokens per sequence"
+        if "seq_len" in r
+        else f"{r['input_tokens']:,} in / {r['output_tokens']:,} out"
     )
+    print(f"{where}KV {r['kv_dtype']}, {lengths}. Units: GiB = 2^30 bytes.\n")
     if budget:
         print(format_table(memory_rows(r), ["memory", "GiB", ""]) + "\n")
     per = r["kv_bytes_per_token"]
     kv = [
         ["KV bytes per token", count_text(per), human_bytes(per)],
-        ["average tokens per request", count_text(r["avg_tokens_per_request"]), "input + output/2"],
+        [
+            "average tokens per request",
+            count_text(r["avg_tokens_per_request"]),
+            "--seq-len" if "seq_len" in r else "input + output/2",
+        ],
         [
             "KV bytes per request",
             count_text(r["kv_bytes_per_request"]),
