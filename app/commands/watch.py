@@ -87,6 +87,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "seconds): a week-long watch's file stays bounded, and every view still shows "
         "the whole watch from its aggregates",
     )
+    p.add_argument(
+        "--new-run",
+        action="store_true",
+        help="start a new run even if the file holds a watch of the same sources "
+        "(by default that watch resumes, after the last batch it recorded)",
+    )
     p.add_argument("--json", action="store_true", help="status and summary as JSON lines")
     p.set_defaults(handler=run)
 
@@ -224,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         config=config,
         keep_raw_s=keep_raw_s,
         freeze_gc=True,  # this process is the watch's own
+        resume=not args.new_run,
     ).start()
     tty = sys.stdout.isatty() and not args.json
     started = last_t = time.monotonic()
@@ -231,8 +238,10 @@ def run(args: argparse.Namespace) -> int:
     final = COMPLETE
     try:
         if not args.json:
+            resumed = " (resumed)" if session.recorder.resumed else ""
             print(
-                f"kvscope watch: run {session.run_id}, {len(specs)} source(s); Ctrl-C to stop",
+                f"kvscope watch: run {session.run_id}{resumed}, {len(specs)} source(s); "
+                "Ctrl-C to stop",
                 flush=True,
             )
         while args.duration is None or time.monotonic() - started < args.duration:

@@ -368,6 +368,9 @@ def test_a_watch_started_again_resumes_its_run(tmp_path: Path, publishers, repla
     assert stats.stored == (7 if replay else 6)
     kinds = [i.kind for i in q.incidents(db, first.run_id)]
     assert "resumed" in kinds and "gap" in kinds
+    fresh = _session(db, specs, config=config, resume=False)  # kvscope watch --new-run
+    assert not fresh.recorder.resumed and fresh.run_id == first.run_id + 1
+    fresh.stop()
 
 
 def test_a_restart_that_overtook_the_old_numbering_is_detected(tmp_path: Path, publishers) -> None:
