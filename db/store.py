@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from sqlite_utils import Database
 
-from db.migrations import migrate
+from db.migrations import SCHEMA_VERSION, migrate, schema_version
 from db.schema import APPLICATION_ID
 from engine.errors import KvscopeError
 
@@ -49,6 +49,8 @@ def open_db(path: str | os.PathLike[str], *, create: bool = True) -> Database:
         raise KvscopeError(f"database path {path} is a directory, not a file")
     if not create and not path.exists():
         raise KvscopeError(f"no database at {path}")
+    if not create and not _writable(path):
+        return _open_read_only(path)
     try:
         conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
     except sqlite3.Error as exc:
@@ -68,6 +70,46 @@ def open_db(path: str | os.PathLike[str], *, create: bool = True) -> Database:
         conn.close()
         raise KvscopeError(f"{path}: {exc}") from None
     return db
+
+
+def _writable(path: Path) -> bool:
+    """Can SQLite write the file and, for WAL's -wal/-shm files, its directory?"""
+    return os.access(path, os.W_OK) and os.access(path.parent.resolve(), os.W_OK)
+
+
+def _open_read_only(path: Path) -> Database:
+    """A database on a read-only file or filesystem, for readers (runs, report, tui, dash).
+
+    ``mode=ro`` reads a file whose directory still takes WAL's -shm file; where nothing
+    can be written at all, ``immutable=1`` reads the main file as it stands (a writer
+    cannot be changing it: nobody can write there). No WAL switch and no migration.
+    """
+    uri = path.resolve().as_uri()
+    for query in ("?mode=ro", "?immutable=1"):
+        conn = sqlite3.connect(
+            uri + query, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False
+        )
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as exc:
+            conn.close()
+            error = exc
+            continue
+        db = Database(conn, execute_plugins=False)
+        try:
+            _check_application(db, path)
+            version = schema_version(db)
+        except KvscopeError as exc:
+            conn.close()
+            raise KvscopeError(f"{path}: {exc}") from None
+        if version != SCHEMA_VERSION:
+            conn.close()
+            raise KvscopeError(
+                f"{path} is read-only and has schema version {version}; this kvscope reads "
+                f"{SCHEMA_VERSION} (copy it somewhere writable to migrate it)"
+            )
+        return db
+    raise KvscopeError(f"cannot read database {path}: {error}")
 
 
 def _check_application(db: Database, path: Path) -> None:
