@@ -35,6 +35,11 @@ class CliParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see {self.prog} --help)")
 
+    def format_help(self) -> str:
+        # Descriptions are the modules' docstrings, whose ``code`` marks are for readers of
+        # the source; a terminal shows plain names.
+        return super().format_help().replace("``", "")
+
 
 def _undecodable(argv: list[str]) -> str | None:
     """The first argument that was not valid UTF-8 (Python maps such bytes to surrogates)."""

@@ -24,6 +24,7 @@ from dash.exceptions import PreventUpdate
 from app.dashboard import (
     capacity_page,
     figures,
+    infllm_figures,
     layout,
     long_context_page,
     sizing_page,
@@ -238,7 +239,7 @@ def register(app: Dash, db_path: Path) -> None:
         shown = long_context_page.view(cached(retrievals, run_id, version), chosen)
         return (
             None if shown.note is None else layout.message(shown.note),
-            [{"label": f"request {r}", "value": r} for r in shown.requests],
+            [{"label": infllm_figures.request_label(r), "value": r} for r in shown.requests],
             shown.request_id,
             _live(shown.heatmap, (run_id, shown.request_id)),
             _live(shown.resident, run_id),

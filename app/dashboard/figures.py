@@ -187,7 +187,10 @@ class Tile:
 
 
 def _ms(seconds: float | None) -> str:
-    return "—" if seconds is None else f"{seconds * 1e3:,.1f} ms"
+    """Milliseconds, or seconds past 1 s (6.84 s, not 6,843.1 ms), as the TUI and reports do."""
+    if seconds is None:
+        return "—"
+    return f"{seconds:,.2f} s" if seconds >= 1 else f"{seconds * 1e3:,.1f} ms"
 
 
 def _percent(fraction: float | None) -> str:

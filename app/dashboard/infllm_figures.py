@@ -17,9 +17,15 @@ from db.infllm import Retrieval
 MIB = 2**20
 
 
+def request_label(request_id: int) -> str:
+    """'request 3'; -1 is the text ``kvscope eval perplexity`` scores (Engine.score's id)."""
+    return "the scored text (eval perplexity)" if request_id < 0 else f"request {request_id}"
+
+
 def block_heatmap(rows: Sequence[Retrieval], request_id: int) -> go.Figure:
     """Block x step: how many layers attended each distant block at each step of one request."""
-    fig = _figure(f"InfLLM retrieval, request {request_id}", "distant block", "step", height=360)
+    title = f"InfLLM retrieval, {request_label(request_id)}"
+    fig = _figure(title, "distant block", "step", height=360)
     mine = [r for r in rows if r.request_id == request_id]
     if not mine:
         return _empty(fig, "no InfLLM retrievals for this request")

@@ -315,5 +315,6 @@ def not_applicable(key: str, run_id: int, kind: str) -> html.Div:
             f"own engine runs. See {LABELS[watch_page.PAGE[0]]}."
         )
     return message(
-        f"Run #{run_id} is a {kind} run, not a watched deployment: record one with kvscope watch."
+        f"Run #{run_id} is {'an' if kind[:1] in 'aeiou' else 'a'} {kind} run, not a watched "
+        "deployment: record one with kvscope watch."
     )

@@ -66,4 +66,9 @@ class HelpScreen(ModalScreen[None]):
             yield Static("Esc, q or ? to close", id="help-close")
 
     def on_mount(self) -> None:
-        self.query_one("#help").border_title = "kvscope TUI help"
+        scroll = self.query_one("#help", VerticalScroll)
+        scroll.border_title = "kvscope TUI help"
+        # On a small terminal (80x24) the help is taller than the screen: the frame says
+        # there is more and how to reach it, and the arrow keys scroll it.
+        scroll.border_subtitle = "↑↓ scroll · Esc, q or ? close"
+        scroll.focus()
