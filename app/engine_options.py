@@ -26,6 +26,8 @@ from engine.engine_config import (
 from engine.errors import KvscopeError
 from engine.sizing import KV_DTYPES
 
+HOST_BUDGET = "256MiB"
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -136,9 +138,11 @@ def add_engine_options(
     g.add_argument(
         "--host-budget",
         type=parse_size,
-        default=parse_size("256MiB"),
+        default=None,
         metavar="SIZE",
-        help="bytes of the host (CPU) offload tier (default 256MiB)",
+        help=f"bytes of the host (CPU) offload tier (default {HOST_BUDGET}; with "
+        "--attention-mode infllm at least the KV budget, as the tier holds the distant "
+        "context; a given size is kept)",
     )
     g.add_argument(
         "--cost-device",
@@ -257,6 +261,18 @@ def _check_host_memory(flag: str, size: int | None) -> None:
         )
 
 
+def host_budget(args: argparse.Namespace, kv_budget: int | None) -> int:
+    """The host tier's size: as given, else 256 MiB, and in InfLLM mode at least the KV
+    budget (the tier holds each request's distant context: what full attention would keep
+    on the device), so a long prompt's distant blocks never wait for room."""
+    if args.host_budget is not None:
+        return args.host_budget
+    default = parse_size(HOST_BUDGET)
+    if args.attention_mode == "infllm" and kv_budget is not None:
+        return max(default, kv_budget)
+    return default
+
+
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     _check_host_memory("--host-budget", args.host_budget)
     if args.threads is not None:
@@ -275,7 +291,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         prefix_cache=not args.no_prefix_cache,
         eviction_policy=args.eviction_policy,
         offload=args.offload,
-        host_budget_bytes=args.host_budget,
+        host_budget_bytes=host_budget(args, args.kv_budget),
         cost_device=args.cost_device or preset_for_device(device).name,
         preemption=args.preemption,
         attention_backend=args.attention_backend,

@@ -46,3 +46,18 @@ def test_progress_lines_say_how_far_and_how_long():
         pass
     assert "[kvscope] loading model x.gguf ..." in out.getvalue()
     assert "[kvscope] model loaded in " in out.getvalue()
+
+
+def test_infllm_host_tier_holds_the_distant_context_unless_given():
+    from app.cli import build_parser
+    from app.engine_options import engine_config_from_args
+
+    parser = build_parser()
+
+    def config(*flags: str):
+        return engine_config_from_args(parser.parse_args(["generate", "x", *flags]))
+
+    assert config("--kv-budget", "2GiB").host_budget_bytes == 256 << 20  # full attention
+    infllm = ("--kv-budget", "2GiB", "--attention-mode", "infllm")
+    assert config(*infllm).host_budget_bytes == 2 << 30
+    assert config(*infllm, "--host-budget", "64MiB").host_budget_bytes == 64 << 20

@@ -21,7 +21,12 @@ import sys
 import threading
 
 from app.db_argument import add_db_argument, db_path
-from app.engine_options import add_engine_options, engine_config_from_args, parse_size
+from app.engine_options import (
+    add_engine_options,
+    engine_config_from_args,
+    host_budget,
+    parse_size,
+)
 from app.progress import loading_model
 from app.sizing_args import at_most, non_negative, port
 from app.workloads import BUILTIN, MAX_REQUESTS, WorkItem, load_workload
@@ -146,7 +151,10 @@ def _engine_for(args: argparse.Namespace, items: list[WorkItem]):
             f"room for the workload's {FIT_LONGEST} longest requests (--kv-budget sets it)",
             file=sys.stderr,
         )
-        engine = Engine(dataclasses.replace(config, kv_budget_bytes=needed), loaded=engine.loaded)
+        grown = dataclasses.replace(
+            config, kv_budget_bytes=needed, host_budget_bytes=host_budget(args, needed)
+        )
+        engine = Engine(grown, loaded=engine.loaded)
     return engine
 
 
