@@ -36,7 +36,7 @@ import math
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -211,6 +211,8 @@ class FleetState:
         ] = {}  # (width, bucket, engine) -> [dup, extra, peak]
         self._prefixes_at = 0.0
         self._prefixes_dirty = False
+        # (source, medium) -> _note_entries' last answer; reset with the dicts above
+        self._note_at: dict[tuple, tuple] = {}
 
     # --- feeding ----------------------------------------------------------------------
 
@@ -239,49 +241,86 @@ class FleetState:
     ) -> None:
         """Fold ``watch_blocks`` rows (``BLOCK_COLUMNS`` order, without run_id) in,
         in arrival order; ``hash_lists`` spares parsing the JSON again."""
-        for i, row in enumerate(rows):
+        sources = self.sources
+        store, remove = self._store, self._remove
+        if hash_lists is None:
+            hash_lists = [None] * len(rows)
+        for row, hashes in zip(rows, hash_lists, strict=True):
             source, _seq, ts_ns, op, text, parent, medium, group, _n = row
-            hashes = hash_lists[i] if hash_lists is not None else None
             if hashes is None and text:
                 hashes = json.loads(text)
-            src = self._source(source)
+            src = sources.get(source)
+            if src is None:
+                src = self._source(source)
             if op == OP_STORED:
-                self._store(src, source, ts_ns, hashes or (), parent, medium, group)
+                store(src, source, ts_ns, hashes or (), parent, medium, group)
             elif op == OP_REMOVED:
-                self._remove(src, source, ts_ns, hashes or (), medium, group)
+                remove(src, source, ts_ns, hashes or (), medium, group)
             elif op in (OP_CLEARED, OP_RESET):
                 self._clear(src, source, ts_ns, op)
 
     def _note(self, src: _Source, source: int, medium: str, ts_ns: int, stored: int,
-              removed: int, recomputed: int, routing: int) -> None:  # fmt: skip
-        live = src.held_blocks(medium)
+              removed: int, recomputed: int, routing: int, live: int | None = None) -> None:  # fmt: skip
+        if live is None:
+            live = src.held_blocks(medium)
         tree = src.tree
         dup, extra = tree.duplicated, tree.extra
         rel = ts_ns - self.origin_ns
+        # Consecutive events of a source mostly fall in the same second, hence in the
+        # same bucket of every (wider, multiple) width: their entries are kept at hand
+        # (until persist starts new dicts) instead of looked up per width and event.
+        # Unrolled over the three widths: this runs once per event at fleet rates.
+        cached = self._note_at.get((source, medium))
+        if cached is None or cached[0] != rel // 1_000_000_000:
+            cached = self._note_entries(src, source, medium, rel)
+        _, s1, s2, s3, f1, f2, f3 = cached
+        if stored:
+            s1[0] += stored
+            s2[0] += stored
+            s3[0] += stored
+        if removed:
+            s1[1] += removed
+            s2[1] += removed
+            s3[1] += removed
+        s1[2] = s2[2] = s3[2] = live
+        if recomputed:
+            s1[3] += recomputed
+            s2[3] += recomputed
+            s3[3] += recomputed
+        if routing:
+            s1[4] += routing
+            s2[4] += routing
+            s3[4] += routing
+        f1[0] = f2[0] = f3[0] = dup
+        f1[1] = f2[1] = f3[1] = extra
+        if extra > f1[2]:
+            f1[2] = extra
+        if extra > f2[2]:
+            f2[2] = extra
+        if extra > f3[2]:
+            f3[2] = extra
+
+    def _note_entries(self, src: _Source, source: int, medium: str, rel: int) -> tuple:
+        """(1 s bucket, the series entries, the fleet entries) of ``rel`` in each width, made
+        (zero series counts, fleet counts set by the caller) where missing."""
         series, fleet = self._series, self._fleet_series
+        mine, fleets = [], []
         for w in BUCKET_WIDTHS_S:
             b = rel // (w * 1_000_000_000)
-            key = (w, b, source, medium)
-            entry = series.get(key)
+            entry = series.get((w, b, source, medium))
             if entry is None:
-                series[key] = [stored, removed, live, recomputed, routing]
-            else:
-                entry[0] += stored
-                entry[1] += removed
-                entry[2] = live
-                entry[3] += recomputed
-                entry[4] += routing
-            key = (w, b, src.engine)
-            entry = fleet.get(key)
+                entry = series[(w, b, source, medium)] = [0, 0, 0, 0, 0]
+            mine.append(entry)
+            entry = fleet.get((w, b, src.engine))
             if entry is None:
-                fleet[key] = [dup, extra, extra]
-            else:
-                entry[0] = dup
-                entry[1] = extra
-                if extra > entry[2]:
-                    entry[2] = extra
+                # peak starts at the first value, as a fresh entry did before
+                tree = src.tree
+                entry = fleet[(w, b, src.engine)] = [tree.duplicated, tree.extra, tree.extra]
+            fleets.append(entry)
+        cached = self._note_at[(source, medium)] = (rel // 1_000_000_000, *mine, *fleets)
+        return cached
 
-    def _store(self, src: _Source, source: int, ts_ns: int, hashes: Iterable[int],
+    def _store(self, src: _Source, source: int, ts_ns: int, hashes: Sequence[int],
                parent: int | None, medium: str | None, group: int | None) -> None:  # fmt: skip
         m = NO_MEDIUM if medium is None else medium
         g = NO_GROUP if group is None else group
@@ -290,11 +329,12 @@ class FleetState:
         reuse, restore = hist["reuse_gap"], hist["restore_gap"]
         tree, bit = src.tree, src.bit
         nodes = tree.nodes
-        stored = recomputed = routing = both = new = copies = 0
+        # Every hash is a block event stored and a copy on the shelf: counted once.
+        stored = copies = len(hashes)
+        recomputed = routing = both = new = created = 0
         chain = []
         par = parent
         for block in hashes:
-            stored += 1
             # the prefix tree: every block ever stored, chained to its parent
             node = nodes.get(block)
             if node is None:
@@ -310,12 +350,12 @@ class FleetState:
                 if depth > tree.max_depth:
                     tree.max_depth = depth
                 node = nodes[block] = [par, depth, 0, 0, bit, 0]  # subtree 0: new
+                created += 1
             else:
                 node[4] |= bit
             chain.append(node)
             par = block
             # the source's cache: copies per (medium, group, hash)
-            copies += 1
             entry = shelf.get(block)
             if entry is not None:
                 entry[0] += 1
@@ -352,7 +392,8 @@ class FleetState:
         stats["routing_misses"] += routing
         stats["both_misses"] += both
         added = 0
-        for node in reversed(chain):
+        # Only nodes made by this call have a subtree of 0: with none, nothing to add.
+        for node in reversed(chain) if created else ():
             fresh = node[3] == 0
             node[3] += added + fresh
             added += fresh
@@ -367,7 +408,9 @@ class FleetState:
                 node[3] += added
                 up = node[0]
                 steps += 1
-        self._note(src, source, m, ts_ns, stored, 0, recomputed, routing)
+        # one shelf (the usual source): it is what the source holds on its medium
+        live = len(shelf) if len(src.shelves) == 1 else None
+        self._note(src, source, m, ts_ns, stored, 0, recomputed, routing, live)
 
     def _release(self, tree: _Tree, block: int, bit: int) -> None:
         """``block`` no longer held by the source of ``bit``."""
@@ -384,7 +427,7 @@ class FleetState:
             if mask & (mask - 1) == 0:
                 tree.duplicated -= 1
 
-    def _remove(self, src: _Source, source: int, ts_ns: int, hashes: Iterable[int],
+    def _remove(self, src: _Source, source: int, ts_ns: int, hashes: Sequence[int],
                 medium: str | None, group: int | None) -> None:  # fmt: skip
         m = NO_MEDIUM if medium is None else medium
         g = NO_GROUP if group is None else group
@@ -393,11 +436,10 @@ class FleetState:
         lifetimes, idle = src.hist["lifetime"], src.hist["idle_before_evict"]
         nodes = src.tree.nodes
         tree, bit = src.tree, src.bit
-        removed = copies = 0
-        life_ns = 0
+        removed = len(hashes)  # a block event per hash, known or not
+        copies = life_ns = 0
         lives = len(lifetimes)
         for block in hashes:
-            removed += 1
             entry = shelf.get(block)
             if entry is None:
                 stats["removed_unknown"] += 1
@@ -437,7 +479,8 @@ class FleetState:
         stats["removed"] += removed
         stats["lifetime_count"] += len(lifetimes) - lives
         stats["lifetime_sum_s"] += life_ns / 1e9
-        self._note(src, source, m, ts_ns, 0, removed, 0, 0)
+        live = len(shelf) if len(src.shelves) == 1 else None
+        self._note(src, source, m, ts_ns, 0, removed, 0, 0, live)
 
     def _clear(self, src: _Source, source: int, ts_ns: int, op: int) -> None:
         src.stats["clears" if op == OP_CLEARED else "resets"] += 1
@@ -473,6 +516,7 @@ class FleetState:
     def persist(self, conn: sqlite3.Connection, *, final: bool = False) -> None:
         """Write what changed since the last call (inside the caller's transaction)."""
         r = self.run_id
+        self._note_at = {}  # its entries belong to the dicts written and replaced below
         for tree in self.trees.values():
             if len(tree.nodes) > MAX_TREE_NODES:
                 _prune(tree, len(tree.nodes) - MAX_TREE_NODES * 9 // 10)
