@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-
 from app.cli import build_parser
 from app.dashboard import figures, infllm_figures, layout
 
