@@ -159,6 +159,11 @@ class WatchRecorder:
         # full collections over them cost a third of the recording rate. Not in a
         # shared process (tests), where it would keep others' garbage forever.
         self._freeze_gc = freeze_gc
+        if freeze_gc:
+            # The same process's young collections: every 700 new lists (a block's
+            # shelf entry and tree node are two) cost prefill-like folding ~20%;
+            # every 10,000 they cost little, and only cycles wait longer.
+            gc.set_threshold(10_000, 10, 10)
         # --keep-raw: raw rows older than this are deleted once a minute (the
         # aggregates stay), so a week-long watch's file stays bounded.
         self._keep_raw_ns = None if keep_raw_s is None else int(keep_raw_s * 1e9)
