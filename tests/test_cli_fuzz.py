@@ -272,3 +272,46 @@ def test_sizing_page_callback_shows_bad_input_on_the_page(inputs, tmp_path):
     text = str(tiles)
     assert "choose a" in text or "resident share" in text, text
     assert fig.layout.annotations  # the chart says so too
+
+
+REPLAY_FLAGS = (
+    "--block-size",
+    "--limit",
+    "--capacity",
+    "--eviction-policy",
+    "--page-size",
+    "--kv-dtype",
+    "--preset",
+    "--host-budget",
+    "--replicas",
+    "--routing",
+    "--device",
+    "--speed",
+    "--max-batched-tokens",
+    "--max-num-seqs",
+    "--workers",
+    "--run",
+    "--timing",
+    "--format",
+)
+
+
+def test_replay_flags(tmp_path):
+    """``replay`` (app/commands/replay.py, another issue's) on a three-request Mooncake trace."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(
+            f'{{"timestamp": {i}, "input_length": 1500, "output_length": 20, '
+            f'"hash_ids": [0, {i + 1}, {i + 2}]}}\n'
+            for i in range(3)
+        )
+    )
+    base = ["replay", str(trace), "--workers", "1", "--quiet"]
+    for flag in REPLAY_FLAGS:
+        for value in HOSTILE:
+            argv = [*base, flag, value]
+            code, _, err = call(argv)
+            assert_clean(argv, code, err)
+    for value in HOSTILE:  # the trace itself
+        code, _, err = call(["replay", value, "--quiet"])
+        assert_clean(["replay", value], code, err)
