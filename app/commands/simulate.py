@@ -15,6 +15,7 @@ from typing import Any
 
 from app.db_argument import add_db_argument, db_path
 from app.output_format import format_table, human_bytes
+from app.progress import Progress
 from app.sizing_args import at_most, non_negative, positive
 from app.workloads import MAX_REQUESTS
 from engine.alloc_sim import (
@@ -123,10 +124,17 @@ def simulate(args: argparse.Namespace) -> dict[str, SimResult]:
         )
     per_token = ModelShape.from_config(model_preset(args.preset)).bytes_per_token(args.kv_dtype)
     capacity = _budget_slots(args, per_token)
-    return {
-        a.name: replay(trace, a, step_s=args.step_ms / 1000, kv_bytes_per_token=per_token)
-        for a in allocators(capacity, args.page_size, args.max_model_len)
-    }
+    contenders = allocators(capacity, args.page_size, args.max_model_len)
+    # 10^5 requests take about a minute: say how far it got (only when it is long).
+    progress = Progress(len(contenders), "allocators") if len(trace) >= 10_000 else None
+    results = {}
+    for allocator in contenders:
+        results[allocator.name] = replay(
+            trace, allocator, step_s=args.step_ms / 1000, kv_bytes_per_token=per_token
+        )
+        if progress:
+            progress.advance()
+    return results
 
 
 _ROWS = (
