@@ -104,3 +104,12 @@ def test_report_json_to_stdout_and_csv_says_it_is_a_directory(
     (tmp_path / "file.csv").write_text("x")
     err = one_error(capsys, ["report", str(path), "--format", "csv", "-o", "file.csv"])
     assert "writes a directory" in err
+
+
+def test_eval_defaults_to_runs_pool_grown_for_its_longest_case():
+    from app.cli import build_parser
+
+    args = build_parser().parse_args(["eval", "passkey"])
+    assert args.kv_budget is None  # eval sizes run's 24 MiB pool to its longest case
+    kept = build_parser().parse_args(["eval", "passkey", "--kv-budget", "512MiB"])
+    assert kept.kv_budget == 512 << 20

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
+from dataclasses import replace
 
-from app.engine_options import add_engine_options, engine_config_from_args
+from app.commands.run import RUN_KV_BUDGET
+from app.engine_options import add_engine_options, engine_config_from_args, host_budget, parse_size
 from app.evals.passkey import PASSKEY_MIN_TOKENS
 from app.progress import Progress, loading_model
 from app.sizing_args import positive_int
@@ -94,20 +98,43 @@ def register(sub: argparse._SubParsersAction) -> None:
     for task in (pk, ppl):
         task.add_argument("--seed", type=int, default=0, help="passkey digits / text seed")
         task.add_argument("--json", action="store_true", help="one JSON document on stdout")
-        add_engine_options(task, kv_budget="512MiB")
-        task.set_defaults(handler=run)
+        add_engine_options(
+            task,
+            kv_budget=RUN_KV_BUDGET,
+            kv_budget_note=", as kvscope run and info; grown to hold the longest case",
+        )
+        # None: the user chose no budget, so it may be sized to the longest case.
+        task.set_defaults(handler=run, kv_budget=None)
 
 
 def run(args: argparse.Namespace) -> int:
     from app.evals.compare import ANSWER_TOKENS, Comparison
     from app.evals.report import passkey_table, perplexity_table, render
 
+    grow = args.kv_budget is None and args.memory_fraction is None
+    if args.kv_budget is None:
+        args.kv_budget = parse_size(RUN_KV_BUDGET)
     config = engine_config_from_args(args)
     longest = max(args.lengths)
     with loading_model(config.model):
         comparison = Comparison(config)
+    full = comparison.engines["full"]
+    tokens = longest + (ANSWER_TOKENS if args.task == "passkey" else 0)
+    if grow and full.max_request_tokens < min(tokens, full.model_config.max_position):
+        # One case runs at a time: the pool holds the longest one (whole pages), as run's does.
+        page = config.page_size
+        needed = math.ceil(math.ceil(tokens / page) * page * full.bytes_per_token)
+        print(
+            f"[kvscope] KV budget {full.kv_budget_bytes / 2**20:.0f} MiB -> "
+            f"{needed / 2**20:.0f} MiB: room for the longest case (--kv-budget sets it)",
+            file=sys.stderr,
+        )
+        config = replace(
+            config, kv_budget_bytes=needed, host_budget_bytes=host_budget(args, needed)
+        )
+        comparison = Comparison(config, loaded=full.loaded)
     limit = comparison.engines["full"].max_request_tokens
-    if longest + (ANSWER_TOKENS if args.task == "passkey" else 0) > limit:
+    if tokens > limit:
         raise KvscopeError(
             f"{longest} tokens exceed what one request may hold here ({limit}: the model's "
             "context and the KV budget); lower --lengths or raise --kv-budget"
