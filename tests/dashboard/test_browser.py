@@ -23,10 +23,11 @@ GRAPHS = {
     "eviction": 2,
     "kernels": 3,
     "gpu": 1,
-    "requests": 1,
+    "requests": 2,  # the table's figure and the selected request's pages
     "long-context": 2,  # drawn empty, with the run's note, for a run without InfLLM
     "compare": 4,
     "sizing": 1,
+    "capacity": 2,
 }
 
 

@@ -36,7 +36,8 @@ def test_opens_offline_and_draws_every_chart(browser, html_report, synthetic_db)
     )
     titles = page.locator(".js-plotly-plot .gtitle").all_text_contents()
     assert {"Throughput", "Page occupancy", "Time per kernel", "GPU samples"} <= set(titles)
-    assert len(titles) == 12
+    assert "Why prompt tokens missed the prefix cache" in titles
+    assert len(titles) == 13
     assert page.locator("h1").inner_text() == f"kvscope run #{run_id}"
     tiles = dict(
         zip(
