@@ -324,7 +324,9 @@ class FleetState:
                parent: int | None, medium: str | None, group: int | None) -> None:  # fmt: skip
         m = NO_MEDIUM if medium is None else medium
         g = NO_GROUP if group is None else group
-        shelf = src.shelf(m, g)
+        shelf = src.shelves.get((m, g))
+        if shelf is None:
+            shelf = src.shelf(m, g)
         on_source, stats, hist, evicted = src.on_source, src.stats, src.hist, src.evicted
         reuse, restore = hist["reuse_gap"], hist["restore_gap"]
         tree, bit = src.tree, src.bit
@@ -431,7 +433,9 @@ class FleetState:
                 medium: str | None, group: int | None) -> None:  # fmt: skip
         m = NO_MEDIUM if medium is None else medium
         g = NO_GROUP if group is None else group
-        shelf = src.shelf(m, g)
+        shelf = src.shelves.get((m, g))
+        if shelf is None:
+            shelf = src.shelf(m, g)
         on_source, stats, evicted = src.on_source, src.stats, src.evicted
         lifetimes, idle = src.hist["lifetime"], src.hist["idle_before_evict"]
         nodes = src.tree.nodes
