@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.kv_budget is None:
         args.kv_budget = parse_size(RUN_KV_BUDGET)
     config = engine_config_from_args(args)
+    replace(config, attention_mode="infllm")  # its checks (float KV, no swap) before loading
     longest = max(args.lengths)
     with loading_model(config.model):
         comparison = Comparison(config)
