@@ -245,6 +245,14 @@ def test_watch_numeric_flags(tmp_path):
             argv = ["watch", db, "--source", "tcp://127.0.0.1:1", flag, value, "--duration", "0.2"]
             code, _, err = call(argv)
             assert_clean(argv, code, err)
+    # A duration or scrape interval that is not a positive finite number never starts a watch
+    # (an infinite one never stopped; NaN exited 0 at once).
+    for flag in ("--duration", "--scrape-interval"):
+        for value in ("inf", "nan", "0", "-1", "1e308"):
+            argv = ["watch", db, "--source", "tcp://127.0.0.1:1", flag, value]
+            code, _, err = call(argv)
+            assert_clean(argv, code, err)
+            assert code == 2 and flag in err, (argv, err)
 
 
 @pytest.mark.parametrize(

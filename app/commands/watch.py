@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from app.sizing_args import positive
 from db.schema import COMPLETE, FAILED, INTERRUPTED
 from db.store import default_db_path
 from engine.errors import KvscopeError
@@ -60,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--scrape-interval",
-        type=float,
+        type=positive,
         default=1.0,
         metavar="S",
         help="seconds between /metrics scrapes (default 1)",
@@ -79,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="ENDPOINT",
         help=f"bind a subscriber that engines connect to (vLLM fan-in; default {DEFAULT_LISTEN})",
     )
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--duration", type=positive, metavar="S", help="stop after S seconds")
     p.add_argument(
         "--keep-raw",
         metavar="DURATION",
