@@ -76,7 +76,7 @@ def test_ctrl_c_marks_the_run_interrupted(tmp_path: Path) -> None:
         ),
         (["--source", "tcp://h:1", "--metrics", "ftp://h/metrics"], "http:// or https://"),
         ([], "nothing to watch"),
-        (["--source", "tcp://h:1", "--duration", "0"], "--duration must be positive"),
+        (["--source", "tcp://h:1", "--duration", "0"], "argument --duration: must be > 0"),
         (["--source", "tcp://h:1", "--dp-size", "0"], "at least 1"),
         (["--source", "tcp://h:1", "--keep-raw", "0"], "positive, finite duration"),
         (["--source", "tcp://h:1", "--keep-raw", "nan"], "positive, finite duration"),
