@@ -78,10 +78,16 @@ def test_tokens_held_is_flat_until_the_request_is_scheduled(tmp_path):
     assert waited.scheduled_ns > waited.arrival_ns
     trace = request_trace(tmp_path / "r.db", recorder.run_id, waited.request_id)
     scheduled_s = (waited.scheduled_ns - waited.arrival_ns) / 1e9 + trace.tokens_t_s[0]
-    before = [n for t, n in zip(trace.tokens_t_s, trace.tokens, strict=True) if t < scheduled_s - 1e-9]
+    before = [
+        n for t, n in zip(trace.tokens_t_s, trace.tokens, strict=True) if t < scheduled_s - 1e-9
+    ]
     assert before and all(n == 0 for n in before)
     # at the scheduling time the line steps: the count before, then after
-    at = [n for t, n in zip(trace.tokens_t_s, trace.tokens, strict=True) if abs(t - scheduled_s) < 1e-6]
+    at = [
+        n
+        for t, n in zip(trace.tokens_t_s, trace.tokens, strict=True)
+        if abs(t - scheduled_s) < 1e-6
+    ]
     assert at[:1] == [0]
 
 
