@@ -25,6 +25,7 @@ import common  # noqa: F401  (sets the import path and thread policy)
 import torch
 import torch.nn.functional as F
 
+from app.progress import Progress
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.loader import load_model
@@ -90,11 +91,17 @@ def main() -> None:
     loaded = load_model()
     ids = loaded.codec.encode(fixed_text())[: args.tokens]
     target = torch.tensor(ids[1:])
+    kv_formats = list(KV_DTYPES) if args.only == "all" else []
+    weight_formats = ["fp32", "bf16", "int8", "int4"]
+    # One unit per scoring pass: the fp32 reference, each KV dtype, each weights dtype.
+    progress = Progress(1 + len(kv_formats) + len(weight_formats), "scoring passes")
     reference, _ = evaluate(loaded, ids)
+    progress.advance()
     ref_ppl = compare(reference, reference, target, None)["perplexity"]
     kv_rows = []
-    for fmt in KV_DTYPES if args.only == "all" else ():
+    for fmt in kv_formats:
         logp, per_token = evaluate(loaded, ids, kv_dtype=fmt)
+        progress.advance()
         kv_rows.append(
             {
                 "kv_dtype": fmt,
@@ -103,8 +110,9 @@ def main() -> None:
             }
         )
     weight_rows = []
-    for fmt in ("fp32", "bf16", "int8", "int4"):
+    for fmt in weight_formats:
         logp, _ = evaluate(loaded, ids, weights_dtype=fmt)
+        progress.advance()
         weight_rows.append({"weights_dtype": fmt, **compare(logp, reference, target, ref_ppl)})
     if args.json:
         print(json.dumps({"tokens": len(ids), "kv": kv_rows, "weights": weight_rows}))

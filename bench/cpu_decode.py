@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from app.progress import Progress
 from kernels import AttentionMetadata, KVPages, paged_attention
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, NUM_LAYERS = 9, 3, 64, 30
@@ -137,10 +138,12 @@ def engine_main(args: argparse.Namespace) -> None:
         trees = {f"before ({args.baseline})": base, "now": ROOT}
     try:
         rates: dict[tuple[str, str], list[float]] = {}
+        progress = Progress(args.repeats * len(args.weights) * len(trees), "decode runs")
         for _ in range(args.repeats):
             for fmt in args.weights:
                 for label, root in trees.items():
                     rate = engine_rate(root, fmt, args.threads)
+                    progress.advance()
                     if rate is not None:
                         rates.setdefault((label, fmt), []).append(rate)
     finally:
@@ -174,11 +177,12 @@ def main() -> None:
         engine_main(args)
         return
     copy_gbs = copy_bandwidth()
-    rows = [
-        measure(b, c, args.page_size, args.kv_format, args.repeats)
-        for b in BATCHES
-        for c in CONTEXTS
-    ]
+    progress = Progress(len(BATCHES) * len(CONTEXTS), "points")
+    rows = []
+    for b in BATCHES:
+        for c in CONTEXTS:
+            rows.append(measure(b, c, args.page_size, args.kv_format, args.repeats))
+            progress.advance()
     if args.json:
         print(
             json.dumps(

@@ -55,6 +55,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from app.progress import Progress  # noqa: E402
 from engine.device import preset_match, synchronize  # noqa: E402
 from engine.dummy import byte_codec, dummy_shell  # noqa: E402
 from engine.engine import Engine  # noqa: E402
@@ -599,10 +600,15 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
     report.add("setup", "device", name, f"torch {torch.__version__}")
     figures: dict = {"device": name, "smoke": args.smoke}
+    # One unit per part (they differ in length: the ETA is a rough one).
+    progress = Progress(3, "parts")
     with tempfile.TemporaryDirectory() as tmp:
         figures["correctness"] = correctness(report, device, args.smoke, Path(tmp))
+    progress.advance()
     figures["throughput"] = throughput(report, device, args.smoke, args.out)
+    progress.advance()
     figures["recorded_run"] = recorded_run(report, device, args.smoke, args.out)
+    progress.advance()
     figures["seconds"] = time.perf_counter() - began
     report.add("setup", "wall time", figures["seconds"], "s")
     figures["table"] = report.rows

@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker is not None:
         print(json.dumps(worker(args.worker, args.batches[0], args.steps)))
         return 0
+    # Imported here, not at the top: a worker runs with the baseline's tree on its
+    # path, and that code may predate app/progress.py.
+    from app.progress import Progress
+
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "baseline"
         add = ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), args.baseline]
@@ -110,11 +114,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             rows = []
+            progress = Progress(len(args.batches) * args.rounds * 2, "worker runs")
             for batch in args.batches:
                 best = {"baseline": float("inf"), "now": float("inf")}
                 for _ in range(args.rounds):
                     for name, root in (("baseline", old), ("now", ROOT)):
                         best[name] = min(best[name], run_worker(root, batch, args.steps))
+                        progress.advance()
                 rows.append({"batch": batch, **best, "goal_us": GOALS_US.get(batch)})
         finally:
             subprocess.run(

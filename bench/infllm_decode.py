@@ -22,6 +22,7 @@ import time
 from common import median, table
 
 from app.evals.corpus import long_text_ids
+from app.progress import Progress
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.events import InfLLMRetrieval, KernelTiming
@@ -80,10 +81,11 @@ def main() -> None:
     if args.smoke:
         args.context, args.steps = 1200, 4
     loaded = load_model()
-    rows = {
-        m: measure(loaded, m, args.context, args.steps, args.topk, args.repr)
-        for m in ("full", "infllm")
-    }
+    rows = {}
+    progress = Progress(2, "modes")  # each: a long prefill, then the timed decode steps
+    for m in ("full", "infllm"):
+        rows[m] = measure(loaded, m, args.context, args.steps, args.topk, args.repr)
+        progress.advance()
     ratio = {
         "step": rows["full"]["step_ms"] / rows["infllm"]["step_ms"],
         "attention": rows["full"]["attention_ms"] / rows["infllm"]["attention_ms"],

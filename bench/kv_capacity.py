@@ -14,6 +14,7 @@ import json
 
 import common
 
+from app.progress import Progress
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.loader import load_model
@@ -29,6 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     loaded = load_model()
     rows = []
+    progress = Progress(len(KV_DTYPES), "KV dtypes")
     for fmt in KV_DTYPES:
         engine = Engine(
             EngineConfig(
@@ -55,6 +57,7 @@ def main() -> None:
                 "requests": admitted,
             }
         )
+        progress.advance()
     fp16 = next(r for r in rows if r["kv_dtype"] == "fp16")
     for r in rows:
         r["vs_fp16"] = r["requests"] / fp16["requests"]

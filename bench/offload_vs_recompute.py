@@ -12,6 +12,7 @@ import time
 
 import common
 
+from app.progress import Progress
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.host_tier import HostTier
@@ -28,7 +29,9 @@ def main() -> None:
     cost = engine.offload_cost
     ps = engine.config.page_size
     rows = []
-    for p in (64, 256, 1024, 2048):
+    lengths = (64, 256, 1024, 2048)
+    progress = Progress(len(lengths), "lengths")  # the longest dominate: a rough ETA
+    for p in lengths:
         ids = [1 + i % 4000 for i in range(p)]
         engine.score(ids[:32])  # warm-up
         t0 = time.perf_counter()
@@ -51,6 +54,7 @@ def main() -> None:
                 "model_ratio": cost.recompute_over_load,
             }
         )
+        progress.advance()
     if args.json:
         print(json.dumps(rows))
         return

@@ -24,6 +24,7 @@ import time
 
 import common
 
+from app.progress import Progress
 from engine.sampler import SamplingParams
 from tests.test_scale import PAGE, fill_cache, workload
 from tests.test_scheduler import tiny_engine
@@ -72,11 +73,18 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     base: dict[str, float] = {}
+    # One unit per (size, repeat); the 100k-page size costs most: a rough ETA.
+    progress = Progress(len(SIZES) * args.repeats, "size repeats")
     for pages in SIZES:
-        evict = min(evict_us_per_page(pages) for _ in range(args.repeats))
-        steps = [step_ms(pages) for _ in range(args.repeats)]
+        evicts, steps, snapshots = [], [], []
+        for _ in range(args.repeats):
+            evicts.append(evict_us_per_page(pages))
+            steps.append(step_ms(pages))
+            snapshots.append(page_map_ms(pages))
+            progress.advance()
+        evict = min(evicts)
         step, num_steps = min(steps)
-        snapshot = min(page_map_ms(pages) for _ in range(args.repeats))
+        snapshot = min(snapshots)
         base = base or {"evict": evict, "step": step}
         rows.append(
             [

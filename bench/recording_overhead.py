@@ -20,6 +20,7 @@ from pathlib import Path
 
 import common
 
+from app.progress import Progress
 from app.run_job import drive
 from app.workloads import builtin
 from engine.engine import Engine
@@ -82,9 +83,11 @@ def main() -> None:
     results: dict[str, list[float]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         run_once(loaded, items[:2], "none", Path(tmp) / "warm.db")
+        progress = Progress(args.repeats * len(modes), "runs")
         for i in range(args.repeats):
             for mode in modes:
                 results[mode].append(run_once(loaded, items, mode, Path(tmp) / f"{mode}-{i}.db"))
+                progress.advance()
     medians = {m: common.median(v) for m, v in results.items()}
     base = medians["none"]
     if args.json:

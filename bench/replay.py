@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.commands.replay import DEFAULT_CAPACITIES, DEFAULT_POLICIES, RecordSession  # noqa: E402
 from app.output_format import format_table  # noqa: E402
+from app.progress import Progress  # noqa: E402
 from engine.replay import ReplayConfig, ReplayDriver, prepare, read_replay_trace  # noqa: E402
 from engine.replay.sweep import run_sweep, sweep_configs  # noqa: E402
 
@@ -98,6 +99,7 @@ def main() -> int:
           f"page keys built once per sweep: {prep_s:.2f} s")  # fmt: skip
 
     rows = []
+    point_progress = Progress(4, "single points")
 
     def point(tr, label: str, record: bool = False) -> None:
         cfg = ReplayConfig(capacity_tokens=cap)
@@ -120,6 +122,7 @@ def main() -> int:
                 result, wall, cpu = timed(go)
         rows.append([label, f"{len(tr):,}", f"{wall:.2f}", f"{cpu:.2f}", f"{wall / base_s:.0f}x",
                      f"{result.hit_rate:.2%}"])  # fmt: skip
+        point_progress.advance()
         return wall
 
     quarter = point(trace.head(n // 4), "1/4 trace, recording off")
@@ -137,7 +140,12 @@ def main() -> int:
     policies = DEFAULT_POLICIES.split(",")
     configs = sweep_configs(ReplayConfig(), caps, policies, [512])
     configs += sweep_configs(ReplayConfig(), [None], ["lru"], [512])
-    results, sweep_s, _ = timed(lambda: run_sweep(trace, configs, args.workers))
+    sweep_progress = Progress(len(configs), "sweep points")
+    results, sweep_s, _ = timed(
+        lambda: run_sweep(
+            trace, configs, args.workers, progress=lambda *_: sweep_progress.advance()
+        )
+    )
     rate = {
         (c.eviction_policy, c.capacity_tokens): r.hit_rate
         for c, (r, _) in zip(configs, results, strict=True)

@@ -15,6 +15,7 @@ import time
 
 import common
 
+from app.progress import Progress
 from app.workloads import DOCUMENT, QUESTIONS, SYSTEM_PROMPT
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
@@ -63,8 +64,11 @@ def main() -> None:
         for i in range(args.requests)
     ]
     prefix_len = min(len(p) for p in prompts)
+    progress = Progress(2, "runs")  # prefix cache on, then off
     on = run(loaded, prompts, args.new, True)
+    progress.advance()
     off = run(loaded, prompts, args.new, False)
+    progress.advance()
     result = {
         "requests": args.requests,
         "prompt_tokens": sum(map(len, prompts)),

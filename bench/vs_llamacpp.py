@@ -206,6 +206,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
+    from app.progress import Progress
     from engine.loader import default_model_path
 
     gguf = str(default_model_path())
@@ -216,6 +217,8 @@ def main() -> None:
     if args.rows:
         rows = [r for r in rows if f"{r[0]}{r[1]}" in args.rows]
     table = []
+    # One unit per (row, repeat): each runs kvscope, and llama.cpp twice when built.
+    progress = Progress(len(rows) * args.repeats, "row repeats")
     for mode, n in rows:
         prompts = prompts_for(mode, n)
         samples: dict[str, list[float]] = {"kvscope": [], "llama.cpp": [], "llama.cpp FA": []}
@@ -235,6 +238,7 @@ def main() -> None:
                 )
             )
             if recorded:
+                progress.advance()
                 continue
             samples["llama.cpp"].append(
                 measure(
@@ -266,6 +270,7 @@ def main() -> None:
                     prompts,
                 )
             )
+            progress.advance()
         if recorded:
             samples["llama.cpp"], samples["llama.cpp FA"] = [[x] for x in RECORDED[(mode, n)]]
         med = {k: statistics.median(v) for k, v in samples.items()}

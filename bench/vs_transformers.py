@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from app.progress import Progress  # noqa: E402
 from app.workloads import QUESTIONS  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.engine_config import EngineConfig  # noqa: E402
@@ -107,9 +108,12 @@ def main() -> None:
         for p in prompts(args.prompts)
     ]
     rows = {}
+    progress = Progress(3, "engine runs")  # kvscope fp32, kvscope bf16, transformers
     for wd in ("fp32", "bf16"):
         rows[f"kvscope, {wd} weights (one batch)"] = bench_kvscope(loaded, token_ids, args.new, wd)
+        progress.advance()
     seconds, tokens = bench_transformers(token_ids, args.new, args.hf_batch)
+    progress.advance()
     rows[f"transformers, fp32 (batch {args.hf_batch})"] = (seconds, tokens)
     base = tokens / seconds
     if args.json:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import common  # sets the import path
 
+from app.progress import Progress
 from db.store import open_db
 from db.watch_schema import EVENTS_SOURCE, METRICS_SOURCE, OP_CLEARED, OP_REMOVED, OP_STORED
 from db.watch_writer import WatchBatch, WatchWriter
@@ -334,7 +335,11 @@ def main() -> None:
         print(json.dumps(time_views(args.views, args.repeats)))
         return
     rows = []
-    for total in (int(n) for n in args.events.split(",")):
+    sizes = [int(n) for n in args.events.split(",")]
+    # One unit per size (build or reuse its database, then time the views); sizes
+    # usually double, so the ETA from the mean is an underestimate until the last.
+    progress = Progress(len(sizes), "sizes")
+    for total in sizes:
         path, built_s = database(args.dir, total)
         note = "kept" if built_s is None else f"built in {built_s:.1f} s"
         print(f"{total:,} block events: {path} ({note}, {path.stat().st_size / 2**20:,.0f} MiB)")
@@ -363,6 +368,7 @@ def main() -> None:
             ]
         )
         print("  " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), flush=True)
+        progress.advance()
     print(
         common.table(
             [

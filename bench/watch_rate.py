@@ -34,6 +34,7 @@ from pathlib import Path
 import common  # noqa: F401  (sets the import path)
 import zmq
 
+from app.progress import Progress
 from profiler.watch.publisher import EventPublisher
 from profiler.watch.session import WatchSession
 from profiler.watch.sources import expand_sources
@@ -130,11 +131,19 @@ def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
     while session.status().batches == 0:
         time.sleep(0.001)
     start = time.perf_counter()
+    # Batches recorded so far, updated about once a second: the baseline takes a
+    # fraction of the time, so this is the part worth an ETA.
+    progress, shown, next_update = Progress(total, "batches recorded"), 0, start + 1.0
     while True:
         status = session.status()
         if status.batches + status.lost_batches >= total and status.queued == 0:
             break
+        if time.perf_counter() >= next_update:
+            done = min(total - 1, status.batches + status.lost_batches)
+            progress.advance(done - shown)
+            shown, next_update = done, time.perf_counter() + 1.0
         time.sleep(0.005)
+    progress.advance(total - shown)
     status = session.stop()
     elapsed = time.perf_counter() - start
     proc.kill()
