@@ -24,6 +24,7 @@ import common  # sets the import path
 
 from app.dashboard.screenshots import DEMO_CONFIG
 from app.dashboard.server import create_app
+from app.progress import Progress
 from db.queries import fingerprint, reader
 from profiler.recorder import Recorder
 from profiler.synthetic import SyntheticRun
@@ -114,6 +115,7 @@ def main() -> None:
     }
     rows = []
     calls = itertools.count()
+    progress = Progress(len(app.callback_map), "callbacks")  # each: its calls x --repeats
     for key, spec in app.callback_map.items():
         inputs = [f"{d['id']}.{d['property']}" for d in spec["inputs"]]
         modes = {"full": [inputs[-1]]}
@@ -135,6 +137,7 @@ def main() -> None:
                 size = len(response.data)
             name = key.strip(".").split("...")[0]
             rows.append([name, mode, statistics.median(seconds) * 1e3, max(seconds) * 1e3, size])
+        progress.advance()
     rows.sort(key=lambda r: -r[2])
     print(
         common.table(

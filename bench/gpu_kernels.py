@@ -407,13 +407,25 @@ def main() -> int:
             (128, 2048, 9, 3, 64, "fp16"),
             (16, 4096, 32, 32, 96, "fp16"),
         ]
+    # Imported here, beside the kernels (the functions above import them late too).
+    from app.progress import Progress
+
     torch.manual_seed(0)
     began = time.perf_counter()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (interpreter)"
     copy_gbs = copy_gb_per_s(device, copy_bytes, reps)
-    rows = prefill_rows(prefill_shapes, device, reps)
-    rows += ragged_rows(ragged_shapes, device, reps)
-    rows += decode_rows(decode_shapes, device, reps, copy_gbs)
+    # One unit per shape: each is checked against torch, then timed.
+    progress = Progress(len(prefill_shapes) + len(ragged_shapes) + len(decode_shapes), "shapes")
+    rows = []
+    for shape in prefill_shapes:
+        rows += prefill_rows([shape], device, reps)
+        progress.advance()
+    for shape in ragged_shapes:
+        rows += ragged_rows([shape], device, reps)
+        progress.advance()
+    for shape in decode_shapes:
+        rows += decode_rows([shape], device, reps, copy_gbs)
+        progress.advance()
     if device.type != "cuda":
         for r in rows:
             r.goal = None

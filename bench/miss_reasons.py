@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from app.progress import Progress
 from engine.miss_reasons import MissReasons
 from engine.radix_cache import RadixCache
 from engine.replay.driver import ReplayConfig, ReplayDriver, prepare
@@ -52,7 +53,9 @@ def main() -> None:
     MissReasons.evicted = timed_evicted
     print(f"{len(trace):,} requests, {trace.input_tokens:,} prompt tokens")
     print("capacity    cpu s  classify  evictions  share   cold  capacity  held (chains, tokens)")
-    for item in args.capacity.split(","):
+    capacities = args.capacity.split(",")
+    progress = Progress(len(capacities), "capacities")  # each: one replay of the whole trace
+    for item in capacities:
         cap = None if item == "none" else int(float(item))
         spent[:] = [0.0, 0.0]
         driver = ReplayDriver(trace, ReplayConfig(capacity_tokens=cap), prepared=prepared)
@@ -67,6 +70,7 @@ def main() -> None:
             f"{m.cold / m.missed:5.1%}  {m.capacity / m.missed:7.1%}  {held[0]:,}, {held[1]:,}"
             f"  (hit {result.hit_rate:.1%})"
         )
+        progress.advance()
 
 
 if __name__ == "__main__":

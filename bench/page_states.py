@@ -28,6 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from tiny_model import VOCAB, tiny_loaded  # noqa: E402
 
+from app.progress import Progress  # noqa: E402
 from db.page_states import step_pages_from  # noqa: E402
 from db.pages import step_pages  # noqa: E402
 from db.source import connection  # noqa: E402
@@ -77,11 +78,16 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
-        for n in (args.requests, args.requests * args.longer):
+        lengths = (args.requests, args.requests * args.longer)
+        # One unit per run length (record, then time every step); the longer one costs
+        # about --longer times as much, so the ETA after the first is an underestimate.
+        progress = Progress(len(lengths), "run lengths")
+        for n in lengths:
             path = Path(tmp) / f"run{n}.db"
             run_id, steps = record(path, args.pages, n)
             times = time_steps(path, run_id, steps)
             rows.append((n, steps, times))
+            progress.advance()
         with connection(path) as conn:
             sizes = conn.execute(
                 """SELECT AVG(LENGTH(owners)), AVG(LENGTH(holds)), AVG(LENGTH(tree))

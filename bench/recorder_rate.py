@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from app.progress import Progress  # noqa: E402
 from db.schema import PAGE_MAP_COLUMNS  # noqa: E402
 from engine.events import (  # noqa: E402
     PAGE_CACHED,
@@ -230,11 +231,14 @@ def main() -> None:
             ("kernels", kernel_mix, args.pace, args.events),
             ("gpu-scale", gpu, gpu_rate, int(gpu_rate * args.seconds)),
         )
+        # One unit per burst and per paced run.
+        progress = Progress(len(mixes) * (args.repeats + 1), "bursts and paced runs")
         for name, make, rate, n in mixes:
-            runs = sorted(
-                (burst(db_dir, name, make, n) for _ in range(args.repeats)),
-                key=lambda b: b["events_per_s"],
-            )
+            runs = []
+            for _ in range(args.repeats):
+                runs.append(burst(db_dir, name, make, n))
+                progress.advance()
+            runs.sort(key=lambda b: b["events_per_s"])
             b = runs[-1]
             print(
                 f"burst  {name:<9} {b['events']:>8} events: best {b['events_per_s']:>9,.0f} events/s "
@@ -243,6 +247,7 @@ def main() -> None:
                 f"dropped {sum(r['dropped'] for r in runs)})"
             )
             p = paced(db_dir, name, make, rate, args.seconds)
+            progress.advance()
             print(
                 f"paced  {name:<9} {p['events']:>8} events at {p['achieved_rate']:>9,.0f} events/s: "
                 f"dropped {p['dropped']}, deepest queue {p['deepest_queue']}, "
