@@ -64,6 +64,19 @@ def record(db: Path, *flags: str) -> None:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
+# A capacity sweep for the Capacity page: the Mooncake slice the tests use (in the repository,
+# so the picture needs nothing from outside it), four policies over a decade and a half.
+REPLAY_TRACE = (
+    Path(__file__).resolve().parent.parent / "tests/data/mooncake_conversation_head400.jsonl"
+)
+REPLAY_FLAGS = ("--capacity", "3e4,1e5,3e5,1e6,3e6", "--eviction-policy", "lru,lfu,fifo,belady")
+
+
+def record_replay(db: Path) -> None:
+    cmd = [sys.executable, "-m", "app.cli", "replay", str(REPLAY_TRACE), "--db", str(db)]
+    subprocess.run([*cmd, *REPLAY_FLAGS], check=True, stdout=subprocess.DEVNULL)
+
+
 # The pages a GPU run adds most to: its throughput, memory budget, kernels against the
 # device's peaks, and the NVML samples.
 GPU_PAGES = ("overview", "kv-cache", "kernels", "gpu")
@@ -104,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         middle = (min(steps) + max(steps)) // 2
         tui_shots.shoot(infllm, 1, OUT, tui_shots.INFLLM_SHOTS, step=middle)
         tui_shots.shoot_watch(watch, watch_run, OUT)
-        dash_shots.capture(db, OUT, skip=("long-context", "watch"))
+        replay = Path(tmp) / "replay.db"
+        record_replay(replay)
+        dash_shots.capture(db, OUT, skip=("long-context", "watch", "capacity"))
+        dash_shots.capture(replay, OUT, pages=("capacity",))
         dash_shots.capture(infllm, OUT, pages=("long-context",))
         dash_shots.capture(watch, OUT, pages=("watch",))
     subprocess.run(
