@@ -434,11 +434,7 @@ def _pool_size(conn: sqlite3.Connection, run_id: int, step: int) -> int | None:
 def has_page_events(conn: sqlite3.Connection, run_id: int) -> bool:
     """Whether the run recorded page holds at all (engine runs; not simulations)."""
     return (
-        conn.execute(
-            "SELECT 1 FROM events WHERE run_id = ? AND kind = ? LIMIT 1",
-            (run_id, PagesAllocated.kind),
-        ).fetchone()
-        is not None
+        _records_holds(conn, run_id)
         or conn.execute(
             "SELECT 1 FROM page_maps WHERE run_id = ? AND holds IS NOT NULL LIMIT 1", (run_id,)
         ).fetchone()
