@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from app.progress import Progress
 from engine.miss_reasons import MissReasons
@@ -23,7 +24,11 @@ from engine.radix_cache import RadixCache
 from engine.replay.driver import ReplayConfig, ReplayDriver, prepare
 from engine.replay.traces import read_replay_trace
 
-TRACE = "../shared/traces/mooncake/conversation_trace.jsonl"
+# The trace in the project's shared/ folder beside the repository, wherever this runs from.
+TRACE = str(
+    Path(__file__).resolve().parent.parent.parent
+    / "shared/traces/mooncake/conversation_trace.jsonl"
+)
 
 
 def main() -> None:
