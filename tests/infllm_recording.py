@@ -17,12 +17,10 @@ from engine.sampler import SamplingParams
 from profiler.recorder import Recorder
 
 
-def record_infllm(path: Path, also: Callable[[Event], None] | None = None) -> int:
-    """Record the run into ``path``; returns its run id (about 2 s). ``also`` sees every event."""
-    bus = EventBus()
-    if also is not None:
-        bus.subscribe(also)
-    config = EngineConfig(
+def infllm_config() -> EngineConfig:
+    """A small InfLLM window (8 initial + 16 local tokens, top-3 blocks of 2 pages): prompts
+    of a few hundred tokens send most of their blocks to the host."""
+    return EngineConfig(
         page_size=4,
         kv_budget_bytes=1 << 20,
         max_batched_tokens=32,
@@ -32,7 +30,14 @@ def record_infllm(path: Path, also: Callable[[Event], None] | None = None) -> in
         infllm_block_pages=2,
         infllm_topk_blocks=3,
     )
-    engine = Engine(config, bus=bus, loaded=tiny_loaded(max_position=1024))
+
+
+def record_infllm(path: Path, also: Callable[[Event], None] | None = None) -> int:
+    """Record the run into ``path``; returns its run id (about 2 s). ``also`` sees every event."""
+    bus = EventBus()
+    if also is not None:
+        bus.subscribe(also)
+    engine = Engine(infllm_config(), bus=bus, loaded=tiny_loaded(max_position=1024))
     recorder = Recorder(path, {"test": True}, model="tiny")
     bus.subscribe(recorder.on_event)
     recorder.start()

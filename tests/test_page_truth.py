@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from infllm_recording import infllm_config
 from page_probe import PageProbe, drive_probed, mismatches
 from test_scheduler import tiny_engine
 from tiny_model import VOCAB, tiny_loaded
@@ -24,7 +25,6 @@ from tiny_model import VOCAB, tiny_loaded
 from db.page_states import STATE_CACHED, STATE_SHARED
 from db.pages import step_pages
 from engine.engine import Engine
-from engine.engine_config import EngineConfig
 from engine.events import EventBus
 from profiler.recorder import Recorder
 
@@ -97,16 +97,7 @@ def test_offload_and_reload(tmp_path):
 
 
 def test_infllm(tmp_path):
-    config = EngineConfig(
-        page_size=4,
-        kv_budget_bytes=1 << 20,
-        max_batched_tokens=32,
-        attention_mode="infllm",
-        infllm_initial_tokens=8,
-        infllm_local_tokens=16,
-        infllm_block_pages=2,
-        infllm_topk_blocks=3,
-    )
+    config = infllm_config()
     loaded = tiny_loaded(max_position=1024)
     rng = random.Random(2)
     arrivals = [(0, [rng.randrange(1, VOCAB) for _ in range(n)], 10) for n in (200, 120)]
