@@ -260,7 +260,6 @@ class ReplayDriver:
         self.now_s = 0.0
         self.step_count = 0
         self.finished = self.rejected = self.preemptions = 0
-        self.evicted = 0
         self.ttfts: list[float] = []
         self.queues: list[float] = []
         self._arrival: dict[int, float] = {}
@@ -527,7 +526,7 @@ class ReplayDriver:
             queried_tokens=kv.prefix_queried_tokens,
             hit_tokens=kv.prefix_hit_tokens,
             steps=self.step_count,
-            evicted_pages=self.cache_evictions(),
+            evicted_pages=self.cache.evictions,
             offloaded_pages=host.stores if host is not None else 0,
             reloaded_pages=host.loads if host is not None else 0,
             preemptions=self.preemptions,
@@ -543,6 +542,3 @@ class ReplayDriver:
             queue_p99_s=None if self.sequential else _quantile(self.queues, 0.99),
             extra={"miss_reasons": asdict(kv.prefix_misses)},  # engine/miss_reasons.py
         )  # fmt: skip
-
-    def cache_evictions(self) -> int:
-        return self.cache.evictions
