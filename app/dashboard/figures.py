@@ -336,7 +336,16 @@ def page_heatmap(matrix: PageMatrix) -> go.Figure:
             hovertemplate="step %{x}<br>page %{y}<br>owner: %{customdata}<extra></extra>",
         )
     )
-    for name, color in (*PAGE_STATES, ("in use (shade per request)", REQUEST_SHADES[0])):
+    keys = (*PAGE_STATES, ("in use (shade per request)", REQUEST_SHADES[0]))
+    return _page_grid_layout(fig, keys, "Page occupancy", matrix.page_stride)
+
+
+def _page_grid_layout(
+    fig: go.Figure, keys: Sequence[tuple[str, str]], title: str, page_stride: int
+) -> go.Figure:
+    """A page heatmap's colour keys (square legend markers) and axes; the title says
+    how many pages a row holds when it holds several."""
+    for name, color in keys:
         fig.add_trace(
             go.Scatter(
                 x=[None],
@@ -349,9 +358,9 @@ def page_heatmap(matrix: PageMatrix) -> go.Figure:
     fig.update_layout(hovermode="closest", plot_bgcolor="#f1f5f9")
     fig.update_yaxes(autorange="reversed", showgrid=False)
     fig.update_xaxes(showgrid=False)
-    if matrix.page_stride > 1:
+    if page_stride > 1:
         fig.update_layout(
-            title_text=f"Page occupancy ({matrix.page_stride} pages per row, shown as most of them are)"
+            title_text=f"{title} ({page_stride} pages per row, shown as most of them are)"
         )
     return fig
 
@@ -418,25 +427,12 @@ def page_state_heatmap(matrix: PageStateMatrix, request_id: int | None = None) -
             hovertemplate="step %{x}<br>page %{y}<br>%{customdata}<extra></extra>",
         )
     )
-    keys = [*STATE_COLORS.items(), ("shared (darker: more holders)", SHARED_SHADES[2])]
-    for name, color in (*keys, ("private (shade per request)", REQUEST_SHADES[0])):
-        fig.add_trace(
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="markers",
-                name=name,
-                marker={"symbol": "square", "size": 12, "color": color},
-            )
-        )
-    fig.update_layout(hovermode="closest", plot_bgcolor="#f1f5f9")
-    fig.update_yaxes(autorange="reversed", showgrid=False)
-    fig.update_xaxes(showgrid=False)
-    if matrix.page_stride > 1:
-        fig.update_layout(
-            title_text=f"{title} ({matrix.page_stride} pages per row, shown as most of them are)"
-        )
-    return fig
+    keys = (
+        *STATE_COLORS.items(),
+        ("shared (darker: more holders)", SHARED_SHADES[2]),
+        ("private (shade per request)", REQUEST_SHADES[0]),
+    )
+    return _page_grid_layout(fig, keys, title, matrix.page_stride)
 
 
 # --- prefix cache ---------------------------------------------------------------------------
