@@ -92,11 +92,8 @@ class StagingBuffer:
         """Write ``values`` (a list or array) as a section; returns its offset."""
         n = len(values)  # type: ignore[arg-type]
         if offset is None:
-            offset = self.used
-            self.used = offset + _aligned(n * dtype.itemsize)
-            assert self.used <= self.nbytes, "staging section past the buffer's end"
-        first = offset // dtype.itemsize
-        self._np[self._which][dtype][first : first + n] = values
+            offset = self.reserve(n, dtype)
+        self.host(offset, n, dtype)[:] = values
         return offset
 
     def view(self, offset: int, n: int, dtype: torch.dtype) -> torch.Tensor:
