@@ -166,12 +166,11 @@ def _status(rejected: str | None, finished: int | None, scheduled: int | None) -
     return "running" if scheduled is not None else "waiting"
 
 
-def requests_table(
-    source: Source, run_id: int, *, progress: bool = True, pages: bool = True
-) -> list[RequestRow]:
+def requests_table(source: Source, run_id: int, *, latest: bool = True) -> list[RequestRow]:
     """One row per request, by request id, as it stands at the newest recorded step
-    (without ``progress``, a running request's output tokens and TPOT are None; without
-    ``pages``, its page split is None)."""
+    (without ``latest``, the figures read at that step are None: a running request's
+    output tokens and TPOT, its page split and its missed tokens; ``requests_at``
+    reads them at its own position)."""
     with connection(source) as conn:
         start_ns = run_origin(conn, run_id)
         rows = conn.execute(
@@ -182,16 +181,17 @@ def requests_table(
             (run_id,),
         ).fetchall()
         so_far: dict[int, RequestProgress] = {}
-        latest = conn.execute(
+        newest = conn.execute(
             "SELECT step, ts_ns FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1", (run_id,)
         ).fetchone()
-        if progress and latest:
+        misses = request_miss_reasons(conn, run_id) if latest else {}
+        holdings = None
+        if latest and newest:
             running = [row[0] for row in rows if _status(row[11], row[3], row[2]) == "running"]
-            so_far = request_progress(conn, Position(run_id, *latest), running)
-        misses = request_miss_reasons(conn, run_id)
-        # The split from the exact page states of the newest step (the TUI's figures).
-        at = step_pages(conn, run_id, latest[0]) if pages and latest else None
-        holdings = _holdings(at) if at is not None else None
+            so_far = request_progress(conn, Position(run_id, *newest), running)
+            # The split from the exact page states of the newest step (the TUI's figures).
+            at = step_pages(conn, run_id, newest[0])
+            holdings = _holdings(at) if at is not None else None
 
     def since(ts_ns: int | None, origin: int | None) -> float | None:
         return (ts_ns - origin) / 1e9 if ts_ns is not None and origin is not None else None
@@ -272,8 +272,7 @@ def requests_at(
     preemptions = Counter(rid for rid, kind in changes if kind == RequestPreempted.kind)
     holdings = _holdings(owners)
     arrived = []
-    # progress and pages at the position below
-    for r in requests_table(conn, at.run_id, progress=False, pages=False):
+    for r in requests_table(conn, at.run_id, latest=False):  # its figures at ``at`` below
         if r.arrival_s is not None and r.arrival_s > t_s:
             continue
         if r.status == "rejected":
@@ -294,6 +293,7 @@ def requests_at(
     states = []
     for r, state in arrived:
         so_far = progress.get(r.request_id)
+        held, private, shared, would_free = holdings.get(r.request_id, (0, 0, 0, 0))
         if state == "finished":
             output, tpot = r.output_tokens, r.tpot_s
         else:
@@ -305,13 +305,13 @@ def requests_at(
                 prompt_tokens=r.prompt_tokens,
                 output_tokens=output,
                 cached_tokens=r.cached_tokens if state != "waiting" else None,
-                pages=holdings.get(r.request_id, (0,))[0],
+                pages=held,
                 ttft_s=r.ttft_s if _by(r.arrival_s, r.ttft_s, t_s) else None,
                 tpot_s=tpot,
                 preemptions=preemptions[r.request_id],
-                private_pages=holdings.get(r.request_id, (0, 0))[1],
-                shared_pages=holdings.get(r.request_id, (0, 0, 0))[2],
-                would_free=holdings.get(r.request_id, (0, 0, 0, 0))[3],
+                private_pages=private,
+                shared_pages=shared,
+                would_free=would_free,
                 misses=misses.get(r.request_id),
             )
         )
