@@ -456,14 +456,13 @@ def step_pages(source: Source, run_id: int, step: int) -> StepPages | None:
     """Every page's state at the end of ``step``, exactly (see db/page_states.py).
 
     None when the run has no page holds recorded (a simulation, or a run recorded
-    before page maps carried holders: ``legacy_step_pages`` approximates those).
+    before page maps carried holders: ``owners_at`` approximates those).
     """
     with connection(source) as conn:
-        if not has_page_events(conn, run_id):
-            return None
         start, num_pages, holds, tree = _checkpoint(conn, run_id, step)
-        if start != step and not _records_holds(conn, run_id):
-            return None  # maps without page events (a simulation): exact at their steps only
+        if (start != step or start < 0) and not _records_holds(conn, run_id):
+            # no page events: maps with holds (a simulation) are exact at their steps only
+            return None
         if (
             start < 0
             and conn.execute(
