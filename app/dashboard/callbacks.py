@@ -134,6 +134,19 @@ def register(app: Dash, db_path: Path) -> None:
     def cached(query: Callable[..., Any], run_id: int, version: dict | None, *args: Any) -> Any:
         return _read(query, run_id, json.dumps(version, sort_keys=True), *args)
 
+    def page_figure(run_id: int, version: dict | None, request_id: int | None) -> go.Figure:
+        """Exact page states at every column (db/page_states.py), the request's pages
+        lit; for a recording without page holds its snapshots. The KV-cache page and
+        the requests page (nothing selected) share one cached matrix."""
+        states = cached(
+            page_state_matrix, run_id, version, MAX_SNAPSHOTS, MAX_PAGE_ROWS, None, None, request_id
+        )
+        if states is not None:
+            return figures.page_state_heatmap(states, request_id)
+        return figures.page_heatmap(
+            cached(page_maps, run_id, version, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
+        )
+
     @app.callback(
         Output("run", "options"),
         Output("run", "value"),
@@ -319,16 +332,9 @@ def register(app: Dash, db_path: Path) -> None:
     )
     def kv_cache(version: dict | None, run_id: int | None) -> tuple:
         run_id = _run(run_id)
-        states = cached(page_state_matrix, run_id, version, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
-        if states is not None:  # exact page states at every column (db/page_states.py)
-            heatmap = figures.page_state_heatmap(states)
-        else:  # a recording without page holds: its snapshots
-            heatmap = figures.page_heatmap(
-                cached(page_maps, run_id, version, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
-            )
         points = cached(step_series, run_id, version, MAX_POINTS)
         return (
-            _live(heatmap, run_id),
+            _live(page_figure(run_id, version, None), run_id),
             _live(figures.usage_figure(points), run_id),
             _live(figures.fragmentation_figure(points), run_id),
         )
@@ -466,16 +472,7 @@ def register(app: Dash, db_path: Path) -> None:
         run_id = _run(run_id)
         request_id = int(selected[0]) if selected else None
         # Every page the selected request holds lights up, shared ones included.
-        states = cached(
-            page_state_matrix, run_id, version, MAX_SNAPSHOTS, MAX_PAGE_ROWS, None, None, request_id
-        )
-        pages = (
-            figures.page_state_heatmap(states, request_id)
-            if states is not None
-            else figures.page_heatmap(
-                cached(page_maps, run_id, version, MAX_SNAPSHOTS, MAX_PAGE_ROWS)
-            )
-        )
+        pages = page_figure(run_id, version, request_id)
         if request_id is None:
             return figures.request_figure(None), _live(pages, (run_id, None))
         try:
