@@ -4,8 +4,8 @@
 line and how long it took. ``Progress(total, what)`` prints "3/12 cases, 40 s,
 ETA 2 min 0 s" as each unit finishes (the ETA from the mean time per finished
 unit). On a terminal one line is rewritten in place; into a file or pipe each
-update is its own line, at most one per ``every_s`` seconds. ``kvscope eval``,
-``simulate`` and ``replay`` share it, so every long command reads alike.
+update is its own line, at most one per ``every_s`` seconds. ``kvscope eval`` and
+``simulate`` share it (``replay`` prints its own line per point, with its hit rate).
 """
 
 from __future__ import annotations
