@@ -293,7 +293,7 @@ class DecoderModel:
         if self.fused:
             return self._forward_fused(token_ids, positions, attend, logits_rows, kv)
         cfg = self.config
-        hq, hkv, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+        hq, d = cfg.num_q_heads, cfg.head_dim
         eps = cfg.rms_norm_eps
         n = token_ids.shape[0]
         cos = self._cos[positions].unsqueeze(1)
@@ -302,21 +302,38 @@ class DecoderModel:
         x = F.embedding(token_ids, self.embed)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, eps)
-            qkv = layer.qkv(h)
-            qk = qkv[:, : (hq + hkv) * d].view(n, hq + hkv, d)
-            rope_into(qk, qk, cos, sin)  # in place: K and V now sit side by side, rotated
-            q = qk[:, :hq]
-            if kv is None:
-                attn = attend(i, q, qk[:, hq:], qkv[:, (hq + hkv) * d :].view(n, hkv, d))
-            else:
-                kv.write_kv(i, qkv[:, hq * d :].view(n, 2, hkv, d))
-                attn = attend(i, q if q.dtype == q_dtype else q.to(q_dtype), None, None)
+            attn = self._rope_attend(i, layer.qkv(h), cos, sin, attend, kv, q_dtype)
             x = layer.o_proj.add(attn.reshape(n, hq * d).to(self.act_dtype), x)
             h = rms_norm(x, layer.mlp_norm, eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = layer.down.add(F.silu(gate) * up, x)
         x = rms_norm(x[logits_rows], self.norm, eps)
         return self.lm_head(x).float()
+
+    def _rope_attend(
+        self,
+        layer: int,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin_signed: torch.Tensor,
+        attend: AttendFn,
+        kv: StepKV | None,
+        q_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """One layer's attention from its QKV output, with torch's RoPE (both paths use it:
+        the fused one where its RoPE-and-write kernel does not apply). RoPE is applied in
+        place, so K and V sit side by side, rotated: ``kv`` writes both in one index_put;
+        without ``kv``, ``attend`` gets them to write."""
+        cfg = self.config
+        hq, hkv, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+        n = qkv.shape[0]
+        qk = qkv[:, : (hq + hkv) * d].view(n, hq + hkv, d)
+        rope_into(qk, qk, cos, sin_signed)
+        q = qk[:, :hq]
+        if kv is None:
+            return attend(layer, q, qk[:, hq:], qkv[:, (hq + hkv) * d :].view(n, hkv, d))
+        kv.write_kv(layer, qkv[:, hq * d :].view(n, 2, hkv, d))
+        return attend(layer, q if q.dtype == q_dtype else q.to(q_dtype), None, None)
 
     def _forward_fused(
         self,
@@ -336,6 +353,7 @@ class DecoderModel:
         eps = cfg.rms_norm_eps
         n = token_ids.shape[0]
         fused_write = kv is not None and fused_write_supported(kv.kv_dtype, d)
+        q_dtype = self.q_dtype(kv.kv_dtype) if kv is not None else self.act_dtype
         if not fused_write:
             cos = self._cos[positions].unsqueeze(1)
             sin = self._sin_signed[positions].unsqueeze(1)
@@ -346,19 +364,11 @@ class DecoderModel:
             if fused_write:
                 q = rope_kv_write_triton(
                     qkv, positions, self.rope.cos, self.rope.sin, kv.slots, kv.pages(i),
-                    hq, hkv, d, self.q_dtype(kv.kv_dtype),
+                    hq, hkv, d, q_dtype,
                 )  # fmt: skip
                 attn = attend(i, q, None, None)
             else:
-                qk = qkv[:, : (hq + hkv) * d].view(n, hq + hkv, d)
-                rope_into(qk, qk, cos, sin)
-                if kv is None:
-                    attn = attend(
-                        i, qk[:, :hq], qk[:, hq:], qkv[:, (hq + hkv) * d :].view(n, hkv, d)
-                    )
-                else:
-                    kv.write_kv(i, qkv[:, hq * d :].view(n, 2, hkv, d))
-                    attn = attend(i, qk[:, :hq].to(self.q_dtype(kv.kv_dtype)), None, None)
+                attn = self._rope_attend(i, qkv, cos, sin, attend, kv, q_dtype)
             o = layer.o_proj(attn.reshape(n, hq * d).to(self.act_dtype))
             h = add_rms_norm_triton(o, residual, layer.mlp_norm, eps)
             down = layer.down(silu_mul_triton(layer.gate_up(h)))
