@@ -419,46 +419,24 @@ def misses(source: Source, run_id: int) -> list[Misses]:
             return None
         return blocks * sizes[0] if sizes else 0
 
+    def of(
+        engine: str, src: int | None, new: int, rc: int, rm: int, both: int, sizes: list
+    ) -> Misses:
+        t = [tokens(n, sizes) for n in (new, rc, rm)]
+        return Misses(engine, src, span, new, t[0], rc, t[1], rm, t[2], both)
+
     out = []
     fleet: dict[str, list] = {}
     for src, new, rc, rm, both in stats:
         info = srcs.get(src)
         if info is None:
             continue
-        size = [info.block_size]
-        out.append(
-            Misses(
-                info.engine,
-                src,
-                span,
-                new,
-                tokens(new, size),
-                rc,
-                tokens(rc, size),
-                rm,
-                tokens(rm, size),
-                both,
-            )  # fmt: skip
-        )
+        out.append(of(info.engine, src, new, rc, rm, both, [info.block_size]))
         acc = fleet.setdefault(info.engine, [0, 0, 0, 0, []])
         for i, v in enumerate((new, rc, rm, both)):
             acc[i] += v
         acc[4].append(info.block_size)
-    for engine, (new, rc, rm, both, sizes) in sorted(fleet.items()):
-        out.append(
-            Misses(
-                engine,
-                None,
-                span,
-                new,
-                tokens(new, sizes),
-                rc,
-                tokens(rc, sizes),
-                rm,
-                tokens(rm, sizes),
-                both,
-            )  # fmt: skip
-        )
+    out += [of(engine, None, *acc) for engine, acc in sorted(fleet.items())]
     return out
 
 
