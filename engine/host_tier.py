@@ -65,6 +65,10 @@ class HostTier:
     def _allocate(self, n: int) -> list[int]:
         """``n`` free slots, consecutive where the free list allows (the lowest run first)."""
         assert n <= len(self._free), f"{n} host slots wanted, {len(self._free)} free"
+        if n == 1:  # one page (a radix-cache offload): the lowest free slot, without a sort
+            slot = min(self._free)
+            self._free.remove(slot)
+            return [slot]
         free = sorted(self._free)
         for i in range(len(free) - n + 1):
             if free[i + n - 1] - free[i] == n - 1:
