@@ -333,7 +333,7 @@ class FleetState:
         nodes = tree.nodes
         # Every hash is a block event stored and a copy on the shelf: counted once.
         stored = copies = len(hashes)
-        recomputed = routing = both = new = created = 0
+        recomputed = routing = both = new = created = reannounced = 0
         chain = []
         par = parent
         for block in hashes:
@@ -361,7 +361,7 @@ class FleetState:
             entry = shelf.get(block)
             if entry is not None:
                 entry[0] += 1
-                stats["reannounced"] += 1
+                reannounced += 1
                 reuse.append(ts_ns - entry[2])
                 entry[2] = ts_ns
                 continue
@@ -389,6 +389,7 @@ class FleetState:
             tree.peak = tree.extra
         src.copies[(m, g)] += copies
         stats["stored"] += stored
+        stats["reannounced"] += reannounced
         stats["new_blocks"] += new
         stats["recomputed"] += recomputed
         stats["routing_misses"] += routing
@@ -441,12 +442,12 @@ class FleetState:
         nodes = src.tree.nodes
         tree, bit = src.tree, src.bit
         removed = len(hashes)  # a block event per hash, known or not
-        copies = life_ns = 0
+        copies = life_ns = unknown = 0
         lives = len(lifetimes)
         for block in hashes:
             entry = shelf.get(block)
             if entry is None:
-                stats["removed_unknown"] += 1
+                unknown += 1
                 if on_source is None or block not in on_source:
                     evicted[block] = ts_ns
                     evicted.move_to_end(block)
@@ -481,6 +482,7 @@ class FleetState:
                         tree.duplicated -= 1
         src.copies[(m, g)] -= copies
         stats["removed"] += removed
+        stats["removed_unknown"] += unknown
         stats["lifetime_count"] += len(lifetimes) - lives
         stats["lifetime_sum_s"] += life_ns / 1e9
         live = len(shelf) if len(src.shelves) == 1 else None
