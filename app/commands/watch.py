@@ -207,10 +207,6 @@ def _stop(session, final: str):
 def run(args: argparse.Namespace) -> int:
     from profiler.watch.session import WatchSession
 
-    if args.duration is not None and args.duration <= 0:
-        raise KvscopeError("--duration must be positive")
-    if args.scrape_interval <= 0:
-        raise KvscopeError("--scrape-interval must be positive")
     for url in args.metrics:
         _check_url(url, "--metrics")
     keep_raw_s = None if args.keep_raw is None else parse_duration(args.keep_raw, "--keep-raw")
