@@ -26,9 +26,7 @@ from engine.events import (
     MemoryBudgetMeasured,
     RequestArrived,
     RequestFinished,
-    RequestPreempted,
     RequestRejected,
-    RequestResumed,
     RequestScheduled,
     StepSummary,
     now_ns,
@@ -323,14 +321,7 @@ class Engine:
         batch = self.scheduler.schedule()
         emit = self.bus.active
         if emit:
-            for victim, mode in batch.preempted:
-                self.bus.emit(
-                    RequestPreempted(
-                        now_ns(), self.step_count, victim.request_id, mode, len(victim.host_slots)
-                    )
-                )
-            for req, mode in batch.resumed:
-                self.bus.emit(RequestResumed(now_ns(), self.step_count, req.request_id, mode))
+            batch.emit_changes(self.bus, self.step_count)
         outputs: list[RequestOutput] = []
         prefill = 0
         if batch.requests:

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from engine.engine_config import EngineConfig
+from engine.events import EventBus, RequestPreempted, RequestResumed, now_ns
 from engine.kv_manager import KVCacheManager
 from engine.request import Request, Status
 
@@ -32,6 +33,15 @@ class ScheduledBatch:
     @property
     def num_tokens(self) -> int:
         return sum(self.num_new)
+
+    def emit_changes(self, bus: EventBus, step: int) -> None:
+        """The batch's preemptions and resumptions as events (the engine's and a replay's)."""
+        for victim, mode in self.preempted:
+            bus.emit(
+                RequestPreempted(now_ns(), step, victim.request_id, mode, len(victim.host_slots))
+            )
+        for req, mode in self.resumed:
+            bus.emit(RequestResumed(now_ns(), step, req.request_id, mode))
 
 
 class Scheduler:

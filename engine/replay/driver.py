@@ -61,9 +61,7 @@ from engine.events import (
     FirstToken,
     RequestArrived,
     RequestFinished,
-    RequestPreempted,
     RequestRejected,
-    RequestResumed,
     RequestScheduled,
     StepSummary,
     now_ns,
@@ -361,18 +359,9 @@ class ReplayDriver:
                 )
         batch = sched.schedule()
         self._changed = bool(batch.preempted or batch.resumed)
-        if batch.preempted:
-            self.preemptions += len(batch.preempted)
-            if emit:
-                for victim, mode in batch.preempted:
-                    bus.emit(
-                        RequestPreempted(
-                            now_ns(), step, victim.request_id, mode, len(victim.host_slots)
-                        )
-                    )
+        self.preemptions += len(batch.preempted)
         if emit:
-            for req, mode in batch.resumed:
-                bus.emit(RequestResumed(now_ns(), step, req.request_id, mode))
+            batch.emit_changes(bus, step)
         prefill = decode = 0
         pairs = read = 0.0
         ts = now_ns()
