@@ -122,12 +122,14 @@ def prefix_tokens(
     max_step: int | None = None,
 ) -> dict[int, tuple[int, int]]:
     """(queried tokens, hit tokens) of the prefix lookups in [lo_ns, hi_ns] (and
-    at most ``max_step``), per value of the SQL expression ``bucket``."""
+    at most ``max_step``), per value of the SQL expression ``bucket``; a preempted
+    request's re-lookups are not counted (engine/events.py, ``PrefixLookup``)."""
     rows = conn.execute(
         f"""SELECT {bucket} AS b, SUM(json_extract(payload, '$.queried_tokens')),
                    SUM(json_extract(payload, '$.hit_tokens'))
             FROM events WHERE run_id = ? AND kind = ? AND ts_ns BETWEEN ? AND ?
-            AND step <= ? GROUP BY b""",
+            AND step <= ? AND NOT COALESCE(json_extract(payload, '$.preempted'), 0)
+            GROUP BY b""",
         (run_id, PrefixLookup.kind, lo_ns, hi_ns, NO_END if max_step is None else max_step),
     ).fetchall()
     return {b: (queried or 0, hit or 0) for b, queried, hit in rows}

@@ -178,10 +178,16 @@ PAGE_EVICTED = -3  # evicted since the previous snapshot (now free)
 
 @dataclass(frozen=True, slots=True)
 class PrefixLookup(Event):
+    """A request's prefix-cache lookup on admission. ``preempted``: the re-lookup of a
+    request preempted by recompute, which the hit rate does not count (vLLM keeps it
+    apart too, as ``preempted_queries``/``preempted_hits``): its own pages would hit
+    again, and the rate could exceed what unlimited capacity gives."""
+
     kind: ClassVar[str] = "prefix_lookup"
     request_id: int
     queried_tokens: int
     hit_tokens: int
+    preempted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

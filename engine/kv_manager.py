@@ -57,10 +57,14 @@ class KVCacheManager:
         self.host: HostTier | None = None
         self.swapped: dict[int, Request] = {}
         self.infllm: OffloadingMemory | None = None  # set by the engine in infllm attention mode
-        # Prefix-cache accounting in tokens, counted once per admission (hit rate = hit / queried).
+        # Prefix-cache accounting in tokens, counted once per request, at its first admission
+        # (hit rate = hit / queried); a recompute-preempted request's re-lookups are kept
+        # apart, as vLLM's preempted_queries/preempted_hits: its own pages hit again.
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
         self.prefix_misses = MissSplit()  # the missed tokens by reason, summed likewise
+        self.preempted_queried_tokens = 0
+        self.preempted_hit_tokens = 0
 
     def set_step(self, step: int) -> None:
         self.step = step
@@ -146,6 +150,13 @@ class KVCacheManager:
         if self.prefix is None:
             return
         queried = req.num_tokens
+        if req.num_preemptions:
+            self.preempted_queried_tokens += queried
+            self.preempted_hit_tokens += hit
+            if self.bus.active:
+                lookup = PrefixLookup(now_ns(), self.step, req.request_id, queried, hit, True)
+                self.bus.emit(lookup)
+            return
         self.prefix_queried_tokens += queried
         self.prefix_hit_tokens += hit
         if req.scheduled_ns is None:

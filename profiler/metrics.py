@@ -165,6 +165,8 @@ class LiveMetrics:
         self.totals.preemptions += 1
 
     def _lookup(self, event: PrefixLookup) -> None:
+        if event.preempted:  # a re-lookup: the hit rate counts each request once
+            return
         self.totals.prefix_queried_tokens += event.queried_tokens
         self.totals.prefix_hit_tokens += event.hit_tokens
 

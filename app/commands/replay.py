@@ -462,6 +462,7 @@ def run(args: argparse.Namespace) -> int:
                 "run_id": run_id,
                 **{k: v for k, v in result.summary().items() if k not in ("hit_rate", "extra")},
                 "miss_reasons": result.extra.get("miss_reasons"),
+                "preempted_lookups": result.extra.get("preempted_lookups"),
             }
         )  # fmt: skip
     ceilings = {r["page_size"]: r["hit_rate"] for r in rows if r["capacity_tokens"] is None}

@@ -529,5 +529,12 @@ class ReplayDriver:
             ttft_p99_s=None if self.sequential else _quantile(self.ttfts, 0.99),
             queue_mean_s=sum(self.queues) / len(self.queues) if self.queues and not self.sequential else None,
             queue_p99_s=None if self.sequential else _quantile(self.queues, 0.99),
-            extra={"miss_reasons": asdict(kv.prefix_misses)},  # engine/miss_reasons.py
+            extra={
+                "miss_reasons": asdict(kv.prefix_misses),  # engine/miss_reasons.py
+                # re-lookups of preempted requests, not in the hit rate (kv_manager.admitted)
+                "preempted_lookups": {
+                    "queried_tokens": kv.preempted_queried_tokens,
+                    "hit_tokens": kv.preempted_hit_tokens,
+                },
+            },
         )  # fmt: skip
