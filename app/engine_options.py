@@ -95,6 +95,13 @@ def add_engine_options(
         help="no CUDA graphs for decode steps (graphs are used on CUDA only)",
     )
     g.add_argument(
+        "--async-scheduling",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="build and launch the next step before reading this one's tokens (default auto: "
+        "on for CUDA, off for the CPU, where nothing would overlap)",
+    )
+    g.add_argument(
         "--kv-budget",
         type=parse_size,
         default=parse_size(kv_budget),
@@ -309,4 +316,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         load_format=args.load_format,
         device=device,
         enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling,
     )

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.async_step import TokenFeed
 from engine.staging import StagingBuffer
 from kernels.metadata import AttentionMetadata
 
@@ -86,7 +87,9 @@ class DecodeGraphs:
         top = self.buckets[-1]
         i64, i32 = torch.int64, torch.int32
         # Fixed sections, page indices last: a step copies up to its last page id only.
+        # feed_dst/feed_src: rows fed a token by the step in flight (async scheduling).
         layout = (("token_ids", top, i64), ("positions", top, i64), ("slots", top, i64),
+                  ("feed_dst", top, i64), ("feed_src", top, i64),
                   ("kv_indptr", top + 1, i32), ("kv_last_page_len", top, i32),
                   ("kv_indices", top * max_pages_per_seq, i32))  # fmt: skip
         self.staging = StagingBuffer(
@@ -95,7 +98,7 @@ class DecodeGraphs:
         self.staging.begin()
         self.offsets = {name: self.staging.reserve(n, d) for name, n, d in layout}
         self._sizes = {name: (n, d) for name, n, d in layout}
-        self.token_ids, self.positions, self.slots, self.kv_indptr, self.kv_last_page_len, self.kv_indices = (
+        self.token_ids, self.positions, self.slots, _, _, self.kv_indptr, self.kv_last_page_len, self.kv_indices = (
             self.staging.view(self.offsets[name], n, d) for name, n, d in layout
         )  # fmt: skip
         self.cu_seqlens_q = torch.arange(top + 1, dtype=torch.int32, device=self.device)
@@ -127,6 +130,13 @@ class DecodeGraphs:
             kv_lens=kv_lens or [self.max_kv_len] * bucket,
         )
 
+    def feed_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device side of the fed rows' index sections ``stage`` wrote (first ``n``)."""
+        return tuple(
+            self.staging.view(self.offsets[name], n, torch.int64)
+            for name in ("feed_dst", "feed_src")
+        )
+
     def _call(self, bucket: int, kv_lens: list[int] | None = None) -> torch.Tensor:
         return self._forward(
             self.token_ids[:bucket],
@@ -146,10 +156,12 @@ class DecodeGraphs:
         kv_lens: list[int],
         all_sample: bool,
         pad_page: int,
+        feed: TokenFeed | None = None,
     ) -> DecodeBatch:
         """Write one decode step into the static inputs, padded to its bucket, and copy it
         to the device (one copy). Each pad row is one token at position 0 in ``pad_page``,
-        a page no request owns; its logits are dropped."""
+        a page no request owns; its logits are dropped. ``feed``'s index lists travel in
+        the same copy (``TokenFeed.apply`` then writes the fed tokens on the device)."""
         n = len(tokens)
         bucket = self.bucket(n)
         assert bucket is not None, f"{n} rows fit no bucket"
@@ -157,7 +169,9 @@ class DecodeGraphs:
         pages = len(flat_pages)
         extra = bucket - n
         self.staging.begin()
-        self.host("token_ids", bucket)[:] = tokens + [0] * extra
+        ids = self.host("token_ids", bucket)
+        ids[:n] = tokens
+        ids[n:] = 0
         pos = self.host("positions", bucket)
         pos[:n] = positions
         pos[n:] = 0
@@ -170,6 +184,9 @@ class DecodeGraphs:
         last = self.host("kv_last_page_len", bucket)
         last[:n] = last_page_len
         last[n:] = 1
+        if feed is not None and not feed.in_order:
+            self.host("feed_dst", len(feed.dst))[:] = feed.dst
+            self.host("feed_src", len(feed.src))[:] = feed.src
         indices = self.host("kv_indices", pages + extra)
         indices[:pages] = flat_pages
         indices[pages:] = pad_page

@@ -2,7 +2,9 @@
 
 ``Engine.add_request`` validates and queues; ``Engine.step`` schedules one
 batch, runs the model once and samples; ``generate`` and ``stream`` loop over
-steps. A bad request is refused with a ``RequestError`` (and a
+steps. With async scheduling on (``engine.async_step``) a step launches the
+next batch before it reads the previous one's tokens, so ``step`` returns the
+tokens of the step before it. A bad request is refused with a ``RequestError`` (and a
 ``RequestRejected`` event) while the others keep running.
 """
 
@@ -15,6 +17,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from engine.async_step import LaunchedStep, feed_for
 from engine.dummy import dummy_shell, is_dummy_shell, load_dummy
 from engine.engine_config import EngineConfig
 from engine.errors import KvscopeError, RequestError
@@ -43,8 +46,8 @@ from engine.presets import device_preset
 from engine.radix_cache import RadixCache
 from engine.request import Request, Status
 from engine.runner import ModelRunner
-from engine.sampler import SamplingParams, sample
-from engine.scheduler import Scheduler
+from engine.sampler import SampledTokens, SamplingParams
+from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sizing import kv_bytes_per_token, reload_cost
 
 
@@ -239,6 +242,11 @@ class Engine:
         self._next_id = 0
         self.requests: dict[int, Request] = {}
         self.total_output_tokens = 0
+        # Async scheduling needs the full CSR path: InfLLM plans each step's pages on the host.
+        self.async_scheduling = config.async_scheduling == "on" and config.attention_mode == "full"
+        self._in_flight: LaunchedStep | None = None  # launched, its tokens not read yet
+        self._pinned: list[torch.Tensor | None] = [None, None]  # token buffers, alternating
+        self.steps_ahead = 0  # steps launched while the previous one was in flight
 
     def _should_offload(self) -> bool:
         mode = self.config.offload
@@ -306,67 +314,126 @@ class Engine:
         return rid
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._in_flight is not None
 
     # --- stepping -----------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, sample; returns outputs of requests that got tokens."""
+        """Schedule, run the model once, sample; returns outputs of requests that got tokens.
+
+        With async scheduling the step's tokens stay on the device and the outputs are
+        those of the step before: this one was scheduled and launched first, from the
+        in-flight step's tokens where ``Scheduler.schedule_ahead`` allows, else after
+        reading them (the serial path)."""
         t0 = time.perf_counter()
         if self.step_count == 0 and self.bus.active:
             self._emit_memory_budget()
         self.runner.step = self.step_count
         self.runner.drain_timings()  # CUDA timings of earlier steps that have finished
         self.kv.set_step(self.step_count)
-        batch = self.scheduler.schedule()
+        outputs: list[RequestOutput] = []
+        in_flight, self._in_flight = self._in_flight, None
+        batch = None
+        if in_flight is not None:
+            if in_flight.tokens.on_device:
+                batch = self.scheduler.schedule_ahead()
+            if batch is None:
+                outputs = self._resolve(in_flight)
+                in_flight = None
+        if batch is None:
+            batch = self.scheduler.schedule()
         emit = self.bus.active
         if emit:
             batch.emit_changes(self.bus, self.step_count)
-        outputs: list[RequestOutput] = []
+        launched = None
         prefill = 0
         if batch.requests:
-            now = now_ns()
-            for req in batch.requests:
-                if req.scheduled_ns is None:
-                    req.scheduled_ns = now
-                    if emit:
-                        self.bus.emit(
-                            RequestScheduled(now, self.step_count, req.request_id, req.num_cached)
-                        )
-            inputs = self.runner.prepare(batch.requests, batch.num_new)
-            logits = self.runner.execute(inputs)
-            offer = self.kv.offer if self.kv.prefix is not None else None
-            for req, n in zip(batch.requests, batch.num_new, strict=True):
-                if req.num_computed < len(req.prompt_ids):  # in prefill
-                    prefill += n
-                    if emit and (
-                        n < len(req.prompt_ids) - req.num_computed
-                        or req.num_computed > req.num_cached
-                    ):
-                        self.bus.emit(
-                            ChunkScheduled(
-                                now_ns(), self.step_count, req.request_id, req.num_computed, n
-                            )
-                        )
-                req.num_computed += n
-                if offer is not None:  # no prefix cache: nothing to offer
-                    offer(req)
-            if inputs.sampling:
-                tokens = sample(
-                    logits,
-                    [r.params for r in inputs.sampling],
-                    [r.generator for r in inputs.sampling],
-                )
-                for req, tok in zip(inputs.sampling, tokens, strict=True):
-                    outputs.append(self._append_token(req, tok))
+            launched = self._launch(batch, in_flight)
+            if in_flight is not None:  # the device runs this step while the host reads that one
+                self.steps_ahead += 1
+                outputs = self._resolve(in_flight)
+            prefill = self._advance(batch)
+            if not launched.sampling:
+                launched = None
+        if launched is not None:
+            # Left in flight only while one of its requests may still take its token.
+            if self.async_scheduling and any(
+                r.status is not Status.FINISHED for r in launched.sampling
+            ):
+                self._in_flight = launched
+            else:
+                outputs.extend(self._resolve(launched))
         if emit:
             self._emit_step(
                 len(batch.requests), prefill, batch.num_tokens - prefill, time.perf_counter() - t0
             )
         self.step_count += 1
-        if not self.scheduler.has_work():
+        if not self.has_unfinished():
             self.runner.drain_timings(wait=True)  # idle now: report the last steps' timings
         return outputs
+
+    def _launch(self, batch: ScheduledBatch, in_flight: LaunchedStep | None) -> LaunchedStep:
+        """Stage the batch (rows after ``in_flight``'s tokens fed on the device), queue the
+        forward and the sampling; nothing here waits for the device."""
+        now = now_ns()
+        emit = self.bus.active
+        for req in batch.requests:
+            if req.scheduled_ns is None:
+                req.scheduled_ns = now
+                if emit:
+                    self.bus.emit(
+                        RequestScheduled(now, self.step_count, req.request_id, req.num_cached)
+                    )
+        feed = feed_for(batch.requests, in_flight) if in_flight is not None else None
+        inputs = self.runner.prepare(batch.requests, batch.num_new, feed=feed)
+        logits = self.runner.execute(inputs)
+        sampling = inputs.sampling
+        tokens = None
+        if sampling:
+            which = self.step_count % 2
+            tokens = SampledTokens(
+                logits,
+                [r.params for r in sampling],
+                [r.generator for r in sampling],
+                self._pinned[which],
+            )
+            self._pinned[which] = tokens.pinned
+        return LaunchedStep(self.step_count, sampling, tokens)
+
+    def _advance(self, batch: ScheduledBatch) -> int:
+        """Count the batch's tokens as computed and offer full pages to the prefix cache;
+        returns the prefill tokens. A request the in-flight step's tokens just finished
+        is skipped: its row ran for nothing and its pages are already freed."""
+        emit = self.bus.active
+        offer = self.kv.offer if self.kv.prefix is not None else None
+        prefill = 0
+        for req, n in zip(batch.requests, batch.num_new, strict=True):
+            if req.status is Status.FINISHED:
+                continue
+            if req.num_computed < len(req.prompt_ids):  # in prefill
+                prefill += n
+                if emit and (
+                    n < len(req.prompt_ids) - req.num_computed or req.num_computed > req.num_cached
+                ):
+                    self.bus.emit(
+                        ChunkScheduled(
+                            now_ns(), self.step_count, req.request_id, req.num_computed, n
+                        )
+                    )
+            req.num_computed += n
+            if offer is not None:  # no prefix cache: nothing to offer
+                offer(req)
+        return prefill
+
+    def _resolve(self, launched: LaunchedStep) -> list[RequestOutput]:
+        """Read a launched step's tokens and append them; a request that finished since
+        (its previous token stopped it) drops its token: it was never emitted."""
+        tokens = launched.tokens.tolist()
+        return [
+            self._append_token(req, tok)
+            for req, tok in zip(launched.sampling, tokens, strict=True)
+            if req.status is not Status.FINISHED
+        ]
 
     def _append_token(self, req: Request, token: int) -> RequestOutput:
         out = req.output_ids
@@ -510,7 +577,7 @@ class Engine:
         ``reduce`` maps each chunk's logits to what is kept (long sequences: the
         full [n, vocab] logits take n x 200 KB).
         """
-        if self.scheduler.has_work():
+        if self.has_unfinished():
             raise KvscopeError("score() needs an idle engine")
         if len(token_ids) > self.max_request_tokens:
             raise RequestError(

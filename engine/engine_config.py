@@ -27,6 +27,9 @@ INFLLM_REPRS = ("centroid", "attended", "exact")
 INFLLM_KV_DTYPES = ("fp32", "fp16", "bf16")  # infllm summarises blocks from the keys in the pages
 WEIGHT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")
 LOAD_FORMATS = ("auto", "dummy")
+# Build and launch step N+1 before reading step N's tokens (engine/async_step.py); auto =
+# on for CUDA, off for the CPU, where torch runs every op at once and nothing would overlap.
+ASYNC_SCHEDULING = ("auto", "on", "off")
 
 
 @dataclass(slots=True)
@@ -64,6 +67,7 @@ class EngineConfig:
     infllm_repr: str = "centroid"
     device: str = "cpu"  # cpu | cuda | cuda:N | auto; resolved to cpu or cuda:N
     enforce_eager: bool = False  # no CUDA graphs for decode (graphs are CUDA-only anyway)
+    async_scheduling: str = "auto"  # auto | on | off; resolved to on or off
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -79,7 +83,15 @@ class EngineConfig:
             f"load format must be one of {', '.join(LOAD_FORMATS)}",
         )
         self.device = resolve_device(self.device)
-        self.weights_dtype = resolve_weights_dtype(self.weights_dtype, self.device)
+        self.weights_dtype = resolve_weights_dtype(
+            self.weights_dtype, self.device, self.model, self.load_format
+        )
+        check(
+            self.async_scheduling in ASYNC_SCHEDULING,
+            f"async scheduling must be one of {', '.join(ASYNC_SCHEDULING)}",
+        )
+        if self.async_scheduling == "auto":
+            self.async_scheduling = "on" if self.device.startswith("cuda") else "off"
         if self.page_map_interval_s is None:
             self.page_map_interval_s = 0.1 if self.device.startswith("cuda") else 0.0
         check(

@@ -14,25 +14,26 @@ the forward kernel by kernel.
 
 A step's inputs reach the device in one non-blocking copy from one pinned
 staging buffer (``engine.staging``; a graphed step writes the graph's own
-static buffers), and the sampled tokens are the only read back. The next
-step is not prepared while this one runs (vLLM's async scheduling): its
-decode inputs are this step's sampled tokens, and which requests run, finish
-(EOS, stop strings, max tokens) and free or need pages is decided on the host
-from them. Overlapping would need the tokens fed back on the device, finishes
-handled one step late (a wasted row and its pages for every request that
-stopped) and ``Engine.step`` returning a step's tokens one step later. What
-overlaps the GPU today is the bookkeeping between the launch and the
-sampled-token read (computed counts, prefix-cache inserts, events).
+static buffers), and the sampled tokens are the only read back. With async
+scheduling (``engine.async_step``) a decode row may take its input token from
+the step still in flight: a ``TokenFeed`` copies it on the device, after the
+staging copy, so the host never waits for it.
+
+The CSR page table of a decode step is kept for the next one (``DecodeTable``):
+while the same requests keep decoding, a step inserts only the pages they grew
+into, instead of rebuilding every request's page list.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from engine.async_step import TokenFeed
 from engine.cuda_graphs import DecodeBatch, DecodeGraphs
 from engine.infllm import InfLLMMemory
 from engine.kernel_timer import KernelSink, KernelTimer
@@ -82,6 +83,7 @@ class ModelRunner:
         self.pad_page = -1
         self.infllm: InfLLMMemory | None = None  # infllm attention: per-layer page tables
         self.staging = StagingBuffer(1 << 16, self.device)  # eager steps' inputs, grows
+        self.table = DecodeTable()  # the last decode step's page table, kept for the next
 
     # --- CUDA graphs ----------------------------------------------------------------
 
@@ -129,26 +131,35 @@ class ModelRunner:
     # --- one step -------------------------------------------------------------------
 
     def prepare(
-        self, requests: list[Request], num_new: list[int], all_logits: bool = False
+        self,
+        requests: list[Request],
+        num_new: list[int],
+        all_logits: bool = False,
+        feed: TokenFeed | None = None,
     ) -> StepInputs:
         """The step's inputs, staged with one host-to-device copy; a decode step that fits
         a graph bucket goes to the graph's own buffers. ``all_logits``: logits of every new
-        token (scoring), not only of the rows that sample."""
+        token (scoring), not only of the rows that sample. ``feed``: rows whose input token
+        the step in flight sampled (async scheduling; decode steps only)."""
         if self.infllm is not None:
             return self._stage(requests, num_new, all_logits, self.infllm.plan(requests, num_new))
         if self.graphs is not None and all(n == 1 for n in num_new):
             if self.graphs.bucket(len(requests)) is not None:
-                return self._stage_graph(requests, all_logits)
-        return self._stage(requests, num_new, all_logits)
+                return self._stage_graph(requests, all_logits, feed)
+        return self._stage(requests, num_new, all_logits, feed=feed)
 
-    def _stage_graph(self, requests: list[Request], all_logits: bool) -> StepInputs:
-        step = _decode_rows(requests, self.storage.page_size, all_logits)
+    def _stage_graph(
+        self, requests: list[Request], all_logits: bool, feed: TokenFeed | None
+    ) -> StepInputs:
+        step = _decode_rows(requests, self.storage.page_size, all_logits, self.table)
         graphs = self.graphs
         batch = graphs.stage(
             step.tokens, step.positions, step.slots, step.flat, step.indptr, step.last,
-            step.kv_lens, len(step.rows) == len(requests), self.pad_page,
+            step.kv_lens, len(step.rows) == len(requests), self.pad_page, feed,
         )  # fmt: skip
         n = len(requests)
+        if feed is not None:
+            feed.apply(graphs.token_ids, *graphs.feed_views(len(feed.dst)))
         return StepInputs(
             token_ids=graphs.token_ids[:n],
             positions=graphs.positions[:n],
@@ -168,23 +179,30 @@ class ModelRunner:
         num_new: list[int],
         all_logits: bool = False,
         meta: AttentionMetadata | None = None,
+        feed: TokenFeed | None = None,
     ) -> StepInputs:
         """An eager step: every input in one staging buffer, one copy; ``meta`` given
         (InfLLM's own page tables) replaces the CSR table built here."""
         ps = self.storage.page_size
         b = len(requests)
         if all(n == 1 for n in num_new):
-            step = _decode_rows(requests, ps, all_logits)
+            # InfLLM rewrites a request's pages in place (offloaded blocks): no kept table.
+            table = self.table if meta is None else None
+            step = _decode_rows(requests, ps, all_logits, table)
             cu: object = range(b + 1)
         else:
+            self.table.clear()
+            assert feed is None, "a fed token is a decode row's"
             step = _chunk_rows(requests, num_new, ps, all_logits)
             cu = step.cu
         tokens, positions, flat, rows = step.tokens, step.positions, step.flat, step.rows
         kv_lens, t = step.kv_lens, len(step.tokens)
-        # Two blocks, each one section: int64 tokens | positions | slots | logits rows,
-        # int32 cu_seqlens_q | kv_indptr | kv_last_page_len | kv_indices; one copy for both.
+        # Two blocks, each one section: int64 tokens | positions | slots | logits rows
+        # [| fed rows | their sources], int32 cu_seqlens_q | kv_indptr | kv_last_page_len |
+        # kv_indices; one copy for both.
+        f = 0 if feed is None or feed.in_order else len(feed.dst)
         r, nnz = len(rows), len(flat)
-        n64, n32 = 3 * t + r, 3 * b + 2 + nnz
+        n64, n32 = 3 * t + r + 2 * f, 3 * b + 2 + nnz
         staging = self.staging
         staging.begin(8 * n64 + 4 * n32 + 16)
         at64 = staging.reserve(n64, torch.int64)
@@ -193,14 +211,21 @@ class ModelRunner:
         h[:t] = tokens
         h[t : 2 * t] = positions
         h[2 * t : 3 * t] = step.slots
-        h[3 * t :] = rows
+        h[3 * t : 3 * t + r] = rows
+        if f:
+            h[3 * t + r : 3 * t + r + f] = feed.dst
+            h[3 * t + r + f :] = feed.src
         h = staging.host(at32, n32, torch.int32)
         h[: b + 1] = cu
         h[b + 1 : 2 * b + 2] = step.indptr
         h[2 * b + 2 : 3 * b + 2] = step.last
         h[3 * b + 2 :] = flat
         staging.commit()
-        tok, pos, slots, logits_rows = staging.view(at64, n64, torch.int64).split((t, t, t, r))
+        tok, pos, slots, logits_rows, dst, src = staging.view(at64, n64, torch.int64).split(
+            (t, t, t, r, f, f)
+        )
+        if feed is not None:
+            feed.apply(tok, dst, src)
         cu_q, kv_ptr, last, indices = staging.view(at32, n32, torch.int32).split(
             (b + 1, b + 1, b, nnz)
         )
@@ -336,33 +361,103 @@ class _Rows:
     cu: object = None  # cu_seqlens_q (chunked steps)
 
 
-def _decode_rows(requests: list, ps: int, all_logits: bool) -> _Rows:
-    """A step of one new token per request, in plain Python: at decode batch sizes that is
-    faster than a dozen array operations on tiny arrays."""
+class DecodeTable:
+    """The CSR page table (kv_indptr / kv_indices) of the last decode step, kept for the next.
+
+    While the same requests decode in the same order, their page lists only grow at
+    the end (``KVCacheManager.grow`` extends the list in place), so the next step's
+    table is this one with the few new pages inserted: one ``np.insert``, not a
+    Python concatenation of every request's pages (at batch 128 and 17 pages each,
+    most of a step's host time). Any other step (admission, finish, preemption, a
+    prefill chunk: a different request list, or a page list replaced) rebuilds it.
+    """
+
+    __slots__ = ("requests", "page_lists", "counts", "flat", "indptr", "rebuilds", "updates")
+
+    def __init__(self) -> None:
+        self.requests: list = []
+        self.page_lists: list[list[int]] = []
+        self.counts = np.zeros(0, np.int64)  # pages in the table per request
+        self.flat = np.zeros(0, np.int32)
+        self.indptr = np.zeros(1, np.int64)
+        self.rebuilds = 0  # steps that built the table from every page list
+        self.updates = 0  # steps that inserted only new pages
+
+    def clear(self) -> None:
+        self.requests = []
+        self.page_lists = []
+
+    def build(
+        self, requests: list, page_lists: list[list[int]], counts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(kv_indices, kv_indptr) holding each request's first ``counts[i]`` pages."""
+        if (
+            requests == self.requests
+            and all(map(operator.is_, page_lists, self.page_lists))
+            and (counts >= self.counts).all()
+        ):
+            grew = np.flatnonzero(counts != self.counts)
+            if len(grew):
+                old = self.counts
+                at: list[int] = []
+                pages: list[int] = []
+                ends = self.indptr[grew + 1].tolist()
+                for i, end in zip(grew.tolist(), ends, strict=True):
+                    new = page_lists[i][old[i] : counts[i]]
+                    pages += new
+                    at += [end] * len(new)
+                self.flat = np.insert(self.flat, at, pages)
+                indptr = np.zeros(len(counts) + 1, np.int64)
+                np.cumsum(counts, out=indptr[1:])
+                self.indptr = indptr
+            self.updates += 1
+        else:
+            flat: list[int] = []
+            for pl, c in zip(page_lists, counts.tolist(), strict=True):
+                flat += pl[:c]
+            self.flat = np.asarray(flat, dtype=np.int32)
+            indptr = np.zeros(len(counts) + 1, np.int64)
+            np.cumsum(counts, out=indptr[1:])
+            self.indptr = indptr
+            self.requests = list(requests)
+            self.page_lists = page_lists
+            self.rebuilds += 1
+        self.counts = counts
+        return self.flat, self.indptr
+
+
+def _decode_rows(
+    requests: list, ps: int, all_logits: bool, table: DecodeTable | None = None
+) -> _Rows:
+    """A step of one new token per request. A row whose position is past the request's
+    known tokens is fed its token by the step in flight (async scheduling): staged as 0,
+    and it samples. ``table`` keeps the page table from the last decode step (None:
+    built afresh)."""
     tokens: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    flat: list[int] = []
-    indptr = [0]
-    last: list[int] = []
-    kv_lens: list[int] = []
     rows: list[int] = []
     sampling: list[Request] = []
+    positions = [req.num_computed for req in requests]
     for i, req in enumerate(requests):
-        pos = req.num_computed
-        pages = req.pages
-        k, off = divmod(pos, ps)
-        tokens.append(_token_at(req, pos))
-        positions.append(pos)
-        slots.append(pages[k] * ps + off)
-        flat += pages[: k + 1]
-        indptr.append(len(flat))
-        last.append(off + 1)
-        kv_lens.append(pos + 1)
-        if all_logits or pos + 1 == req.num_tokens:
-            rows.append(i)
-            sampling.append(req)
-    return _Rows(tokens, positions, slots, flat, indptr, last, kv_lens, rows, sampling)
+        pos = positions[i]
+        prompt = req.prompt_ids
+        p = len(prompt)
+        n = p + len(req.output_ids)
+        if pos == n:  # fed from the device
+            tokens.append(0)
+        else:
+            tokens.append(prompt[pos] if pos < p else req.output_ids[pos - p])
+            if not (all_logits or pos + 1 == n):
+                continue
+        rows.append(i)
+        sampling.append(req)
+    pos = np.asarray(positions, dtype=np.int64)
+    k = pos // ps
+    off = pos - k * ps
+    page_lists = [req.pages for req in requests]
+    flat, indptr = (table or DecodeTable()).build(requests, page_lists, k + 1)
+    # Each row's last page in the table is the one its new token goes to.
+    slots = flat[indptr[1:] - 1].astype(np.int64) * ps + off
+    return _Rows(tokens, pos, slots, flat, indptr, off + 1, (pos + 1).tolist(), rows, sampling)
 
 
 def _chunk_rows(requests: list, num_new: list[int], ps: int, all_logits: bool) -> _Rows:
@@ -413,14 +508,6 @@ class _Warmup:
     @property
     def prompt_ids(self) -> list[int]:
         return [0] * self.num_tokens
-
-
-def _token_at(req: Request, pos: int) -> int:
-    """Token ``pos`` of the request's sequence, without building the whole sequence."""
-    prompt = req.prompt_ids
-    if pos < len(prompt):
-        return prompt[pos]
-    return req.output_ids[pos - len(prompt)]
 
 
 def _tokens(req: Request, start: int, end: int) -> list[int]:

@@ -54,28 +54,84 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
-def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> list[int]:
-    """One token per row of ``logits`` [R, vocab].
+class SampledTokens:
+    """One step's sampled tokens: on the device as soon as they are launched, on the host
+    when ``tolist`` reads them.
 
     The step's one device-to-host read: the greedy tokens, and with them (in the
     same copy) the logits of the rows that draw, which are sampled on the CPU with
     the request's own generator, so the same seed draws the same tokens on every
-    device.
+    device. On CUDA the copy goes non-blocking into a pinned buffer and ``tolist``
+    waits on its event, so the host can prepare the next step meanwhile (async
+    scheduling feeds ``device`` to it as its decode inputs); on the CPU the read is
+    immediate.
     """
-    greedy = logits.argmax(-1)
-    drawn = [i for i, p in enumerate(params) if not p.greedy]
-    if not drawn:
-        return greedy.tolist()
-    index = torch.tensor(drawn).to(logits.device, non_blocking=True)
-    rows = logits.index_select(0, index).float()
-    # Token ids below 2**24 are exact in fp32, so both travel in one fp32 tensor.
-    host = torch.cat([greedy.float(), rows.flatten()]).cpu()
-    out = [int(t) for t in host[: len(params)].tolist()]
-    rows = host[len(params) :].view(len(drawn), -1)
-    for j, i in enumerate(drawn):
-        p = params[i]
-        row = _filter(rows[j] / p.temperature, p.top_k, p.top_p)
-        out[i] = int(torch.multinomial(row.softmax(-1), 1, generator=generators[i]).item())
-    return out
+
+    __slots__ = ("device", "drawn", "_params", "_generators", "_host", "_event")
+
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+        pinned: torch.Tensor | None = None,
+    ) -> None:
+        greedy = logits.argmax(-1)
+        self.device = greedy  # every row's argmax: the tokens themselves when ``on_device``
+        self.drawn = [i for i, p in enumerate(params) if not p.greedy]
+        self._params = params
+        self._generators = generators
+        if self.drawn:
+            index = torch.tensor(self.drawn).to(logits.device, non_blocking=True)
+            rows = logits.index_select(0, index).float()
+            # Token ids below 2**24 are exact in fp32, so both travel in one fp32 tensor.
+            payload = torch.cat([greedy.float(), rows.flatten()])
+        else:
+            payload = greedy
+        self._event = None
+        if payload.device.type == "cuda":
+            n = payload.numel()
+            if pinned is None or pinned.numel() < n or pinned.dtype != payload.dtype:
+                pinned = torch.empty(n, dtype=payload.dtype, pin_memory=True)
+            host = pinned[:n]
+            host.copy_(payload, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+            self._host = host
+        else:
+            self._host = payload
+
+    @property
+    def on_device(self) -> bool:
+        """Whether ``device`` holds every row's token (no row draws on the host)."""
+        return not self.drawn
+
+    @property
+    def pinned(self) -> torch.Tensor:
+        """The host buffer the tokens land in (a later step may reuse it once read)."""
+        return self._host
+
+    def tolist(self) -> list[int]:
+        """The tokens on the host: waits for the copy, then draws the sampled rows."""
+        if self._event is not None:
+            self._event.synchronize()
+        if not self.drawn:
+            return self._host.tolist()
+        host = self._host
+        n = len(self._params)
+        out = [int(t) for t in host[:n].tolist()]
+        rows = host[n:].view(len(self.drawn), -1)
+        for j, i in enumerate(self.drawn):
+            p = self._params[i]
+            row = _filter(rows[j] / p.temperature, p.top_k, p.top_p)
+            out[i] = int(
+                torch.multinomial(row.softmax(-1), 1, generator=self._generators[i]).item()
+            )
+        return out
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int]:
+    """One token per row of ``logits`` [R, vocab] (``SampledTokens``, read at once)."""
+    return SampledTokens(logits, params, generators).tolist()

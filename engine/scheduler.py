@@ -164,5 +164,42 @@ class Scheduler:
             budget -= num_new
         return batch
 
+    def schedule_ahead(self) -> ScheduledBatch | None:
+        """The next batch while a step is still in flight (async scheduling), or None when
+        only the serial ``schedule`` may decide it.
+
+        A running request whose computed tokens reach its known ones (``num_computed ==
+        num_tokens``) sampled in the step in flight: it decodes that token next, fed on
+        the device, and gets the page for it now, as if it continues. One whose token
+        finishes it whatever its value (max tokens, the context cap) sits this step out.
+        Every other running request must be a plain decode. Anything else (a prefill
+        chunk, a possible admission, too few free pages for the growth, so an eviction or
+        a preemption) needs the in-flight tokens resolved first: None.
+        """
+        running = self.running
+        budget = self.config.max_batched_tokens
+        if self.waiting and len(running) < min(budget, self.config.max_num_seqs):
+            return None  # a waiting request may be admitted
+        kv = self.kv
+        ps = kv.page_size
+        requests: list[Request] = []
+        ahead: list[Request] = []
+        for req in running:
+            n = req.num_tokens - req.num_computed
+            if n == 0:
+                out = len(req.output_ids) + 1
+                if out >= req.params.max_tokens or len(req.prompt_ids) + out >= req.max_len:
+                    continue
+            elif n != 1:
+                return None
+            if req.num_computed >= len(req.pages) * ps:  # the new token starts a page
+                ahead.append(req)
+            requests.append(req)
+        if not requests or len(requests) > budget or len(ahead) > kv.pool.num_free:
+            return None
+        for req in ahead:
+            kv.grow(req, req.num_computed + 1)
+        return ScheduledBatch(requests, [1] * len(requests), [], [])
+
     def finish(self, req: Request) -> None:
         self.running.remove(req)
