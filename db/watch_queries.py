@@ -18,10 +18,11 @@ import math
 import re
 import sqlite3
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from db.source import Source, connection, run_origin
+from db.source import window as ts_window
 from db.watch_aggregates import (
     BUCKET_WIDTHS_S,
     NO_MEDIUM,
@@ -175,6 +176,111 @@ class Window:
     end_s: float | None = None
 
 
+# The windows every watch view offers: the last so many seconds of the recording
+# (ending with its newest block event), or the whole session (None).
+WINDOWS: tuple[tuple[str, int | None], ...] = (
+    ("whole session", None),
+    ("last 5 min", 300),
+    ("last 15 min", 900),
+    ("last 1 h", 3600),
+)
+
+
+def _seconds_span(conn: sqlite3.Connection, run_id: int) -> tuple[int, int] | None:
+    """[first, last + 1) second holding block events (the 1 s series buckets), from
+    the primary key's ends: two index probes, at any session length."""
+    lo, hi = conn.execute(
+        "SELECT MIN(bucket), MAX(bucket) FROM watch_series WHERE run_id = ? AND width_s = 1",
+        (run_id,),
+    ).fetchone()
+    return None if lo is None else (lo, hi + 1)
+
+
+def last_window(source: Source, run_id: int, seconds: int | None) -> Window | None:
+    """The last ``seconds`` of the recording, up to the end of its newest 1 s bucket
+    (a live watch: about now); None (the whole session) for None."""
+    if seconds is None:
+        return None
+    with connection(source) as conn:
+        span = _seconds_span(conn, run_id)
+    end = float(span[1]) if span else float(seconds)
+    return Window(max(end - seconds, 0.0), end)
+
+
+def window_label(window: Window | None) -> str:
+    if window is None:
+        return "whole session"
+    end = "end" if window.end_s is None else f"{window.end_s:,.0f}"
+    return f"t {window.start_s or 0:,.0f}-{end} s"
+
+
+def _tiles(lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """The seconds [lo, hi) as (width, first bucket, last bucket) runs of whole
+    buckets: the widest that fit in the middle, narrower ones at the edges, so a
+    window of any length sums at most a few hundred rows per source."""
+    if lo >= hi:
+        return []
+    for width in reversed(BUCKET_WIDTHS_S):
+        first, last = -(-lo // width), hi // width - 1
+        if first <= last:
+            return [
+                *_tiles(lo, first * width),
+                (width, first, last),
+                *_tiles((last + 1) * width, hi),
+            ]
+    raise AssertionError("1 s buckets tile any span")  # BUCKET_WIDTHS_S[0] == 1
+
+
+def _window_seconds(conn: sqlite3.Connection, run_id: int, window: Window) -> tuple[int, int]:
+    """``window`` as whole seconds [lo, hi) from the run's start to its newest block
+    event at most, as the whole session's rates are (1 s resolution: a second is
+    in when any of it is)."""
+    end = (_seconds_span(conn, run_id) or (0, 0))[1]
+    lo = 0 if window.start_s is None else max(0, math.floor(window.start_s))
+    hi = end if window.end_s is None else min(end, math.ceil(window.end_s))
+    return lo, max(hi, lo)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowCounts:
+    """One source's block events in a window, summed from the series buckets in it."""
+
+    source: int
+    stored: int
+    removed: int
+    recomputed: int
+    routing_misses: int
+
+
+def window_counts(source: Source, run_id: int, window: Window) -> dict[int, WindowCounts]:
+    """Per source, the block events of ``window`` (1 s resolution), read from the
+    1 h, 1 min and 1 s buckets that tile it exactly: never a bucket outside it."""
+    with connection(source) as conn:
+        tiles = _tiles(*_window_seconds(conn, run_id, window))
+        if not tiles:
+            return {}
+        one = (
+            "SELECT source, stored, removed, recomputed, routing_misses FROM watch_series "
+            "WHERE run_id = ? AND width_s = ? AND bucket BETWEEN ? AND ?"
+        )
+        rows = conn.execute(
+            "SELECT source, SUM(stored), SUM(removed), SUM(recomputed), SUM(routing_misses) "
+            f"FROM ({' UNION ALL '.join([one] * len(tiles))}) GROUP BY source ORDER BY source",
+            [v for tile in tiles for v in (run_id, *tile)],
+        ).fetchall()
+    return {row[0]: WindowCounts(*row) for row in rows}
+
+
+def window_span_s(source: Source, run_id: int, window: Window | None) -> float:
+    """Seconds of recording the window's rates are over (the whole session's for None)."""
+    with connection(source) as conn:
+        if window is None:
+            span = _seconds_span(conn, run_id)
+            return float(max(span[1], 1)) if span else 1.0
+        lo, hi = _window_seconds(conn, run_id, window)
+    return float(max(hi - lo, 1))
+
+
 def _width(conn: sqlite3.Connection, run_id: int, window: Window | None, points: int) -> int:
     """The finest bucket width that shows ``window`` in at most about ``points`` buckets."""
     lo, hi = conn.execute(
@@ -194,10 +300,12 @@ def _width(conn: sqlite3.Connection, run_id: int, window: Window | None, points:
 
 
 def _bucket_range(window: Window | None, width: int) -> tuple[int, int]:
+    """The first and last bucket of ``width`` wholly inside ``window``: a graph of
+    a window never draws a bucket that began before it or ends after it."""
     if window is None:
         return -(2**62), 2**62
-    lo = -(2**62) if window.start_s is None else int(window.start_s // width)
-    hi = 2**62 if window.end_s is None else int(window.end_s // width)
+    lo = -(2**62) if window.start_s is None else math.ceil(window.start_s / width)
+    hi = 2**62 if window.end_s is None else math.floor(window.end_s / width) - 1
     return lo, hi
 
 
@@ -323,8 +431,12 @@ def _histograms(conn: sqlite3.Connection, run_id: int, name: str) -> dict[int, l
     return out
 
 
-def block_stats(source: Source, run_id: int) -> list[BlockStats]:
-    """Per-source figures, in source order (events sources only)."""
+def block_stats(source: Source, run_id: int, window: Window | None = None) -> list[BlockStats]:
+    """Per-source figures, in source order (events sources only). With ``window``,
+    stored, removed, recomputed and routing misses are the window's
+    (``window_counts``); what is held is now, and the rest the whole session's
+    (the series keep no per-bucket re-announcements, lifetimes or clears)."""
+    counts = None if window is None else window_counts(source, run_id, window)
     with connection(source) as conn:
         names = ", ".join(STAT_COLUMNS)
         rows = conn.execute(
@@ -368,7 +480,19 @@ def block_stats(source: Source, run_id: int) -> list[BlockStats]:
                 groups[src],
             )
         )
-    return out
+    if counts is None:
+        return out
+    none = WindowCounts(0, 0, 0, 0, 0)
+    return [
+        replace(
+            s,
+            stored=(c := counts.get(s.source, none)).stored,
+            removed=c.removed,
+            recomputed=c.recomputed,
+            routing_misses=c.routing_misses,
+        )
+        for s in out
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,14 +502,16 @@ class Misses:
 
     engine: str
     source: int | None
-    span_s: float  # the watch's length the rates are over
-    new_blocks: int  # prefill paid: blocks stored new on a source
+    span_s: float  # the watch's (or the window's) length the rates are over
+    # prefill paid: blocks stored new on a source; None in a window (the series
+    # keep no per-bucket count of it), and so the shares
+    new_blocks: int | None
     new_tokens: int | None
     recomputed: int  # recomputation after eviction: more KV (or offload) would have saved it
     recomputed_tokens: int | None
     routing_misses: int  # held by another source: a KV-aware router would have hit it
     routing_miss_tokens: int | None
-    both: int  # both at once
+    both: int | None  # both at once (None in a window)
 
     @property
     def recomputed_share(self) -> float | None:
@@ -399,28 +525,40 @@ class Misses:
         return None if tokens is None else tokens / self.span_s
 
 
-def misses(source: Source, run_id: int) -> list[Misses]:
-    """Per events source, then one fleet-wide row per engine kind (``source`` None)."""
+def misses(source: Source, run_id: int, window: Window | None = None) -> list[Misses]:
+    """Per events source, then one fleet-wide row per engine kind (``source`` None);
+    over ``window`` (its buckets: ``window_counts``) when given, with no prefill
+    count and so no shares there."""
     srcs = {s.source: s for s in watch_sources(source, run_id) if s.kind == "events"}
-    with connection(source) as conn:
-        row = conn.execute(
-            "SELECT MIN(bucket), MAX(bucket) FROM watch_series WHERE run_id = ? AND width_s = 1",
-            (run_id,),
-        ).fetchone()
-        stats = conn.execute(
-            "SELECT source, new_blocks, recomputed, routing_misses, both_misses "
-            "FROM watch_source_stats WHERE run_id = ? ORDER BY source",
-            (run_id,),
-        ).fetchall()
-    span = float(max((row[1] or 0) + 1, 1)) if row[0] is not None else 1.0
+    span = window_span_s(source, run_id, window)
+    if window is None:
+        with connection(source) as conn:
+            stats = conn.execute(
+                "SELECT source, new_blocks, recomputed, routing_misses, both_misses "
+                "FROM watch_source_stats WHERE run_id = ? ORDER BY source",
+                (run_id,),
+            ).fetchall()
+    else:
+        counts = window_counts(source, run_id, window)
+        none = WindowCounts(0, 0, 0, 0, 0)
+        stats = [
+            (src, None, (c := counts.get(src, none)).recomputed, c.routing_misses, None)
+            for src in sorted(srcs)
+        ]
 
-    def tokens(blocks: int, sizes: list[int | None]) -> int | None:
-        if any(s is None for s in sizes) or len(set(sizes)) > 1:
+    def tokens(blocks: int | None, sizes: list[int | None]) -> int | None:
+        if blocks is None or any(s is None for s in sizes) or len(set(sizes)) > 1:
             return None
         return blocks * sizes[0] if sizes else 0
 
     def of(
-        engine: str, src: int | None, new: int, rc: int, rm: int, both: int, sizes: list
+        engine: str,
+        src: int | None,
+        new: int | None,
+        rc: int,
+        rm: int,
+        both: int | None,
+        sizes: list,
     ) -> Misses:
         t = [tokens(n, sizes) for n in (new, rc, rm)]
         return Misses(engine, src, span, new, t[0], rc, t[1], rm, t[2], both)
@@ -434,7 +572,7 @@ def misses(source: Source, run_id: int) -> list[Misses]:
         out.append(of(info.engine, src, new, rc, rm, both, [info.block_size]))
         acc = fleet.setdefault(info.engine, [0, 0, 0, 0, []])
         for i, v in enumerate((new, rc, rm, both)):
-            acc[i] += v
+            acc[i] = None if v is None or acc[i] is None else acc[i] + v
         acc[4].append(info.block_size)
     out += [of(engine, None, *acc) for engine, acc in sorted(fleet.items())]
     return out
@@ -551,6 +689,13 @@ def prefix_tree(source: Source, run_id: int, *, top: int = 10) -> list[SharedPre
 # --- /metrics ----------------------------------------------------------------------------
 
 
+def _ns(origin: int, window: Window | None) -> tuple[int, int]:
+    """``window`` as the nanosecond bounds of raw rows' ``ts_ns`` (open: everything)."""
+    if window is None:
+        return ts_window(origin, None, None)
+    return ts_window(origin, window.start_s, window.end_s)
+
+
 @dataclass(frozen=True, slots=True)
 class MetricPoint:
     t_s: float
@@ -568,17 +713,25 @@ def metric_names(source: Source, run_id: int) -> list[str]:
 
 
 def metric_series(
-    source: Source, run_id: int, name: str, *, metrics_source: int | None = None, mean: bool = False
+    source: Source,
+    run_id: int,
+    name: str,
+    *,
+    metrics_source: int | None = None,
+    mean: bool = False,
+    window: Window | None = None,
 ) -> list[MetricPoint]:
-    """A sample name per scrape, summed (or averaged, for ratios) over its label sets."""
+    """A sample name per scrape (those in ``window`` only), summed (or averaged, for
+    ratios) over its label sets."""
     agg = "AVG" if mean else "SUM"
     where = "" if metrics_source is None else f" AND source = {int(metrics_source)}"
     with connection(source) as conn:
         origin = run_origin(conn, run_id)
+        lo, hi = _ns(origin, window)
         rows = conn.execute(
             f"SELECT ts_ns, {agg}(value) FROM watch_metrics WHERE run_id = ? AND name = ?{where} "
-            "GROUP BY source, ts_ns ORDER BY ts_ns",
-            (run_id, name),
+            "AND ts_ns BETWEEN ? AND ? GROUP BY source, ts_ns ORDER BY ts_ns",
+            (run_id, name, lo, hi),
         ).fetchall()
     return [MetricPoint((ts - origin) / 1e9, value) for ts, value in rows]
 
@@ -621,8 +774,9 @@ class EngineSeries:
     itl_mean_s: list[MetricPoint]
 
 
-def engine_series(source: Source, run_id: int) -> list[EngineSeries]:
-    """For every /metrics source of the run, its usage, load, hit rate and latencies."""
+def engine_series(source: Source, run_id: int, window: Window | None = None) -> list[EngineSeries]:
+    """For every /metrics source of the run, its usage, load, hit rate and latencies
+    (the scrapes of ``window`` only)."""
     out = []
     for src in watch_sources(source, run_id):
         if src.kind != "metrics":
@@ -632,7 +786,9 @@ def engine_series(source: Source, run_id: int) -> list[EngineSeries]:
             figure: str, suffix: str = "", mean: bool = False, src: WatchSource = src
         ) -> list[MetricPoint]:
             name = METRIC_NAMES[figure][src.engine] + suffix
-            return metric_series(source, run_id, name, metrics_source=src.source, mean=mean)
+            return metric_series(
+                source, run_id, name, metrics_source=src.source, mean=mean, window=window
+            )
 
         out.append(
             EngineSeries(
@@ -701,13 +857,14 @@ class CacheSources:
     external_hit_rate: list[MetricPoint]  # rate(external hits) / rate(external queries)
 
 
-def cache_sources(source: Source, run_id: int) -> list[CacheSources]:
+def cache_sources(source: Source, run_id: int, window: Window | None = None) -> list[CacheSources]:
     """``vllm:prompt_tokens_cached_by_source_total{source}`` as rates per source label
     and the external prefix cache's hit rate (an offload tier, LMCache), per
-    metrics source that reports them."""
+    metrics source that reports them (the scrapes of ``window`` only)."""
     out = []
     with connection(source) as conn:
         origin = run_origin(conn, run_id)
+        lo, hi = _ns(origin, window)
         for (src,) in conn.execute(
             "SELECT source FROM watch_sources WHERE run_id = ? AND kind = 'metrics' "
             "ORDER BY source",
@@ -716,15 +873,15 @@ def cache_sources(source: Source, run_id: int) -> list[CacheSources]:
             by_label: dict[str, list[MetricPoint]] = defaultdict(list)
             for ts, labels, value in conn.execute(
                 "SELECT ts_ns, labels, SUM(value) FROM watch_metrics WHERE run_id = ? AND name = ? "
-                "AND source = ? GROUP BY ts_ns, labels ORDER BY ts_ns",
-                (run_id, "vllm:prompt_tokens_cached_by_source_total", src),
+                "AND source = ? AND ts_ns BETWEEN ? AND ? GROUP BY ts_ns, labels ORDER BY ts_ns",
+                (run_id, "vllm:prompt_tokens_cached_by_source_total", src, lo, hi),
             ):
                 kind = _labels(labels).get("source", "?")
                 by_label[kind].append(MetricPoint((ts - origin) / 1e9, value))
             hits = metric_series(conn, run_id, "vllm:external_prefix_cache_hits_total",
-                                 metrics_source=src)  # fmt: skip
+                                 metrics_source=src, window=window)  # fmt: skip
             queries = metric_series(conn, run_id, "vllm:external_prefix_cache_queries_total",
-                                    metrics_source=src)  # fmt: skip
+                                    metrics_source=src, window=window)  # fmt: skip
             if by_label or hits:
                 out.append(
                     CacheSources(
@@ -741,12 +898,14 @@ LAG_METRIC = "kvscope:watch_lag_seconds"
 PRESSURE_SOURCE = -1  # the recorder's own samples (profiler.watch.recorder)
 
 
-def back_pressure(source: Source, run_id: int) -> tuple[list[MetricPoint], list[MetricPoint]]:
+def back_pressure(
+    source: Source, run_id: int, window: Window | None = None
+) -> tuple[list[MetricPoint], list[MetricPoint]]:
     """The recorder's queue depth (batches) and lag (s) when they changed: empty
     when it always kept up."""
     return (
-        metric_series(source, run_id, QUEUE_METRIC, metrics_source=PRESSURE_SOURCE),
-        metric_series(source, run_id, LAG_METRIC, metrics_source=PRESSURE_SOURCE),
+        metric_series(source, run_id, QUEUE_METRIC, metrics_source=PRESSURE_SOURCE, window=window),
+        metric_series(source, run_id, LAG_METRIC, metrics_source=PRESSURE_SOURCE, window=window),
     )
 
 
@@ -762,17 +921,20 @@ class Incident:
     detail: str | None
 
 
-def incidents(source: Source, run_id: int, *, newest: int | None = None) -> list[Incident]:
-    """Gaps, restarts, disconnects, bad messages and failed scrapes, in time order
-    (only the ``newest`` ones when given: a flapping source makes thousands)."""
+def incidents(
+    source: Source, run_id: int, *, newest: int | None = None, window: Window | None = None
+) -> list[Incident]:
+    """Gaps, restarts, disconnects, bad messages and failed scrapes (of ``window``),
+    in time order (only the ``newest`` ones when given: a flapping source makes
+    thousands)."""
     limit = -1 if newest is None else int(newest)
     with connection(source) as conn:
         origin = run_origin(conn, run_id)
         rows = conn.execute(
             "SELECT * FROM (SELECT ts_ns, source, kind, first_seq, last_seq, recovered, lost, "
-            "detail, rowid AS r FROM watch_incidents WHERE run_id = ? "
+            "detail, rowid AS r FROM watch_incidents WHERE run_id = ? AND ts_ns BETWEEN ? AND ? "
             "ORDER BY ts_ns DESC, rowid DESC LIMIT ?) ORDER BY ts_ns, r",
-            (run_id, limit),
+            (run_id, *_ns(origin, window), limit),
         ).fetchall()
     return [Incident((row[0] - origin) / 1e9, *row[1:8]) for row in rows]
 

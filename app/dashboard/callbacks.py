@@ -233,9 +233,10 @@ def register(app: Dash, db_path: Path) -> None:
         Output("watch-content", "children"),
         Input("version", "data"),
         Input("run", "value"),
+        Input("watch-window", "value"),
     )
-    def watch(_: dict | None, run_id: int | None) -> Any:
-        return watch_renderer(_run(run_id))
+    def watch(_: dict | None, run_id: int | None, window: str | None = None) -> Any:
+        return watch_renderer(_run(run_id), window)
 
     @app.callback(
         Output("long-context-note", "children"),

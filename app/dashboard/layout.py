@@ -301,7 +301,7 @@ _PAGES = {
     "requests": _requests,
     "compare": _compare,
     long_context_page.PAGE[0]: long_context_page.layout,
-    watch_page.PAGE[0]: lambda: [html.Div(id="watch-content", className="wide")],
+    watch_page.PAGE[0]: watch_page.page_layout,
     sizing_page.PAGE[0]: sizing_page.layout,
     capacity_page.PAGE[0]: capacity_page.layout,
 }

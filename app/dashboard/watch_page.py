@@ -27,6 +27,16 @@ TIME_AXIS = "time since start (s)"
 # A source's lines share its colour; the medium is the line's dash.
 MEDIUM_DASH = {"GPU": "solid", "CPU": "dot", "CPU_PINNED": "dot", "STORAGE": "dash"}
 INCIDENTS_SHOWN = 200
+WINDOW_NAMES = [name for name, _ in q.WINDOWS]
+# What a window changes, and what it cannot: the series keep per-bucket stores,
+# removals, recomputations, routing misses and live blocks, nothing else.
+WINDOW_SCOPE = (
+    "In the window: stored, removed, recomputed after eviction and routing misses "
+    "(counts, tokens/s), the graphs over time, the /metrics graphs and the incidents. "
+    "Now: cached blocks and copies, duplication across replicas. Whole session: prefill "
+    "(new) blocks and the shares of prefill, re-announced, removed unknown, clears, "
+    "lifetimes, the residency histograms and the prefix tree (not kept per time bucket)."
+)
 SOURCE_COLORS = ("#2563eb", "#f59e0b", "#0d9488", "#e11d48", "#7c3aed", "#64748b", "#db2777")
 
 
@@ -148,31 +158,34 @@ def source_rows(sources: Sequence[q.WatchSource]) -> list[dict]:
     ]
 
 
-def block_rows(stats: Sequence[q.BlockStats]) -> list[dict]:
-    """Per source: cached now, stores, removals, reuse, churn, clears and lifetimes."""
+def block_rows(stats: Sequence[q.BlockStats], windowed: bool = False) -> list[dict]:
+    """Per source: cached now, stores, removals, reuse, churn, clears and lifetimes;
+    ``windowed``: the stats are ``block_stats`` of a window, and the headers say
+    which columns are the window's and which the whole session's."""
 
     def seconds(value: float | None) -> str:
         return "—" if value is None else f"{value:,.2f}"
 
+    win, ses = (" (window)", " (session)") if windowed else ("", "")
     return [
         {
             "source": s.source,
             "cached": ", ".join(f"{m}: {n}" for m, n in sorted(s.cached.items(), key=str)) or "0",
             "copies": ", ".join(f"{m}: {n}" for m, n in sorted(s.copies.items(), key=str)) or "0",
-            "stored": s.stored,
-            "new (prefill)": s.new_blocks,
-            "removed": s.removed,
-            "reused (re-announced)": s.reannounced,
-            "recomputed after eviction": s.recomputed,
-            "routing misses": s.routing_misses,
-            "removed unknown": s.removed_unknown,
+            "stored" + win: s.stored,
+            "new (prefill)" + ses: s.new_blocks,
+            "removed" + win: s.removed,
+            "reused (re-announced)" + ses: s.reannounced,
+            "recomputed after eviction" + win: s.recomputed,
+            "routing misses" + win: s.routing_misses,
+            "removed unknown" + ses: s.removed_unknown,
             "by group": ", ".join(f"{k}: {n}" for k, n in sorted(s.by_group.items()))
             if len({k.split("/")[-1] for k in s.by_group}) > 1
             else "",
-            "cleared": s.clears,
-            "restarts": s.resets,
-            "lifetime p50 s": seconds(s.lifetime_p50_s),
-            "lifetime p90 s": seconds(s.lifetime_p90_s),
+            "cleared" + ses: s.clears,
+            "restarts" + ses: s.resets,
+            "lifetime p50 s" + ses: seconds(s.lifetime_p50_s),
+            "lifetime p90 s" + ses: seconds(s.lifetime_p90_s),
         }
         for s in stats
     ]
@@ -234,7 +247,9 @@ def incident_rows(incidents: Sequence[q.Incident], limit: int = 200) -> list[dic
     ]
 
 
-def _tokens(blocks: int, tokens: int | None) -> str:
+def _tokens(blocks: int | None, tokens: int | None) -> str:
+    if blocks is None:
+        return "—"  # a window's prefill: not kept per bucket
     return f"{blocks:,}" if tokens is None else f"{blocks:,} ({tokens:,} tokens)"
 
 
@@ -260,7 +275,7 @@ def miss_rows(misses: Sequence[q.Misses]) -> list[dict]:
             "routing misses": _tokens(m.routing_misses, m.routing_miss_tokens),
             "routing-miss tokens/s": _rate(m.per_s(m.routing_miss_tokens)),
             "routing share of prefill": _share(m.routing_share),
-            "both at once": m.both,
+            "both at once": "—" if m.both is None else m.both,
         }
         for m in misses
     ]
@@ -373,26 +388,32 @@ class WatchPageData:
     cache_sources: list[q.CacheSources] = ()
     queue: list[q.MetricPoint] = ()  # the recorder's own back-pressure
     lag: list[q.MetricPoint] = ()
+    window: q.Window | None = None  # None: the whole session
+    session_misses: list[q.Misses] = ()  # with a window: the shares of prefill
 
 
 def load(source: q.Source, run_id: int, window: q.Window | None = None) -> WatchPageData:
-    """Everything the page shows, from the aggregates and the window shown."""
+    """Everything the page shows, from the aggregates: the window's buckets and
+    scrapes for what follows it (``WINDOW_SCOPE``), the current state and the
+    session's totals for the rest."""
     return WatchPageData(
         q.watch_sources(source, run_id),
         q.cached_series(source, run_id, window),
         q.duplicate_series(source, run_id, window),
-        q.block_stats(source, run_id),
+        q.block_stats(source, run_id, window),
         q.duplication(source, run_id),
         q.prefix_tree(source, run_id),
         q.tree_summary(source, run_id),
-        q.misses(source, run_id),
+        q.misses(source, run_id, window),
         q.miss_series(source, run_id, window),
         {name: q.histogram(source, run_id, name) for name in HISTOGRAM_TITLES},
-        q.engine_series(source, run_id),
-        q.incidents(source, run_id, newest=INCIDENTS_SHOWN),
+        q.engine_series(source, run_id, window),
+        q.incidents(source, run_id, newest=INCIDENTS_SHOWN, window=window),
         q.residency(source, run_id),
-        q.cache_sources(source, run_id),
-        *q.back_pressure(source, run_id),
+        q.cache_sources(source, run_id, window),
+        *q.back_pressure(source, run_id, window),
+        window=window,
+        session_misses=[] if window is None else q.misses(source, run_id),
     )
 
 
@@ -403,18 +424,36 @@ def _table(rows: list[dict], table_id: str) -> dash_table.DataTable:
     )
 
 
-def layout(data: WatchPageData) -> html.Div:
-    """The page for one watch run."""
+def window_line(data: WatchPageData, name: str = "") -> str:
+    """Which window the page shows, and which figures follow it."""
+    if data.window is None:
+        return "Window: whole session."
+    return f"Window: {name or 'chosen'} ({q.window_label(data.window)}). {WINDOW_SCOPE}"
+
+
+def layout(data: WatchPageData, window_name: str = "") -> html.Div:
+    """The page for one watch run (of the window named ``window_name``)."""
     labels = {s.source: s.label for s in data.sources}
+    windowed = data.window is not None
     return html.Div(
         [
+            html.P(window_line(data, window_name), id="watch-window-note"),
             html.H3("Sources"),
             _table(source_rows(data.sources), "watch-sources"),
             dcc.Graph(figure=cached_blocks_figure(data.cached_series, labels)),
             html.H3("Blocks per source"),
-            _table(block_rows(data.stats), "watch-blocks"),
+            _table(block_rows(data.stats, windowed), "watch-blocks"),
             html.H3("Misses: more KV cache, or a better router?"),
+            *([html.P("In the window:")] if windowed else []),
             _table(miss_rows(data.misses), "watch-misses"),
+            *(
+                [
+                    html.P("Whole session (the shares of prefill):"),
+                    _table(miss_rows(data.session_misses), "watch-misses-session"),
+                ]
+                if windowed
+                else []
+            ),
             dcc.Graph(figure=misses_figure(data.miss_series)),
             dcc.Graph(figure=histograms_figure(data.histograms)),
             *(
@@ -438,15 +477,39 @@ def layout(data: WatchPageData) -> html.Div:
     )
 
 
-def render(source: q.Source, run_id: int) -> html.Div:
-    """Query and lay out the page."""
-    return layout(load(source, run_id))
+def page_layout() -> list:
+    """The page's frame: the window selector, and the content its callback fills."""
+    return [
+        html.Div(
+            [
+                html.Span("Window: "),
+                dcc.RadioItems(
+                    id="watch-window",
+                    options=WINDOW_NAMES,
+                    value=WINDOW_NAMES[0],
+                    inline=True,
+                    style={"display": "inline-block"},
+                ),
+            ],
+            className="watch-window",
+        ),
+        html.Div(id="watch-content", className="wide"),
+    ]
+
+
+def render(source: q.Source, run_id: int, window_name: str | None = None) -> html.Div:
+    """Query and lay out the page for one of ``watch_queries.WINDOWS`` (by name;
+    None or an unknown name: the whole session)."""
+    seconds = dict(q.WINDOWS).get(window_name or "")
+    name = window_name if seconds else WINDOW_NAMES[0]
+    return layout(load(source, run_id, q.last_window(source, run_id, seconds)), name)
 
 
 class Renderer:
     """What the dashboard's watch callback calls: at most one render at a time (a
     browser's overlapping refreshes wait for it and then share it), and none when
-    nothing was written since the last one (``watch_queries.version``)."""
+    nothing was written since the last one (``watch_queries.version``) and the
+    window is the same."""
 
     def __init__(self, db_path: str | os.PathLike[str]) -> None:
         self.db_path = db_path
@@ -455,11 +518,11 @@ class Renderer:
         self._key: tuple | None = None
         self._page: html.Div | None = None
 
-    def __call__(self, run_id: int) -> html.Div:
+    def __call__(self, run_id: int, window_name: str | None = None) -> html.Div:
         with self._lock, reader(self.db_path) as db:
-            key = (run_id, q.version(db, run_id))
+            key = (run_id, window_name, q.version(db, run_id))
             if key != self._key or self._page is None:
-                self._page = render(db, run_id)
+                self._page = render(db, run_id, window_name)
                 self._key = key
                 self.renders += 1
             return self._page

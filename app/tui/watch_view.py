@@ -2,8 +2,8 @@
 
 Pure renderers over ``db.watch_queries`` results (tested without a terminal)
 and one widget, ``WatchView``, that re-queries the database on a timer in a
-worker thread (one at a time, and only when something was written) and
-repaints. The queries read the recorder's aggregates, so a refresh costs the
+worker thread (one at a time, and only when something was written or the
+window changed: ``w`` cycles ``watch_queries.WINDOWS``) and repaints. The queries read the recorder's aggregates, so a refresh costs the
 same an hour into a busy fleet as in its first minute. Registering it in the TUI is mounting
 ``WatchView(db_path, run_id)`` when the selected run's kind is ``watch``.
 """
@@ -19,6 +19,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual import work
+from textual.binding import Binding
 from textual.widgets import Static
 
 from db import watch_queries as q
@@ -65,9 +66,16 @@ def fields_text(sources: Sequence[q.WatchSource]) -> Text:
     return text
 
 
-def blocks_table(stats: Sequence[q.BlockStats]) -> Table:
-    """Per source: cached blocks by medium, reuse, churn, clears and lifetimes."""
-    table = Table(title="blocks", expand=True, title_justify="left")
+def blocks_table(stats: Sequence[q.BlockStats], windowed: bool = False) -> Table:
+    """Per source: cached blocks by medium, reuse, churn, clears and lifetimes
+    (``windowed``: stores, removals and recomputations are the window's)."""
+    title = (
+        "blocks: stored, removed, recomputed in the window; cached now; "
+        "reused, cleared, life over the whole session"
+        if windowed
+        else "blocks"
+    )
+    table = Table(title=title, expand=True, title_justify="left")
     for name in (
         "source",
         "cached",
@@ -129,17 +137,35 @@ def incidents_text(incidents: Sequence[q.Incident], limit: int = 8) -> Text:
     return text
 
 
+def window_text(name: str, window: q.Window | None) -> Text:
+    """The header: the window shown, the key that changes it, what follows it."""
+    text = Text(f"window: {name}", style="bold")
+    if window is not None:
+        text.append(f" ({q.window_label(window)})")
+    text.append("  [w] next window", style="#8c9bb0")
+    if window is not None:
+        text.append(
+            "\nfollow the window: stored, removed, recomputed, routing misses and their "
+            "rates; now: cached, duplication; whole session: prefill shares, reused, "
+            "lifetimes, prefixes",
+            style="#8c9bb0",
+        )
+    return text
+
+
 def _miss_part(blocks: int, rate: float | None, share: float | None) -> str:
     per_s = "" if rate is None else f" {rate:,.1f} tok/s"
     pct = "" if share is None else f" {share:.1%} of prefill"
     return f"{blocks:,}{per_s}{pct}"
 
 
-def misses_text(misses: Sequence[q.Misses]) -> Text:
-    """Recomputation after eviction and routing misses, fleet-wide and per source."""
+def misses_text(misses: Sequence[q.Misses], scope: str = "") -> Text:
+    """Recomputation after eviction and routing misses, fleet-wide and per source
+    (``scope``: what the figures are over, when not the whole session)."""
     text = Text()
     for m in misses:
         who = f"{m.engine} fleet" if m.source is None else f"source {m.source}"
+        who = f"{who} {scope}" if scope else who
         recomputed = _miss_part(m.recomputed, m.per_s(m.recomputed_tokens), m.recomputed_share)
         routing = _miss_part(m.routing_misses, m.per_s(m.routing_miss_tokens), m.routing_share)
         text.append(
@@ -157,26 +183,38 @@ class WatchSnapshot:
     prefixes: list[q.SharedPrefix]
     incidents: list[q.Incident]
     misses: list[q.Misses]
+    window_name: str = q.WINDOWS[0][0]
+    window: q.Window | None = None  # None: the whole session
+    session_misses: list[q.Misses] = ()  # with a window: the fleet's shares of prefill
 
 
-def snapshot(source: q.Source, run_id: int) -> WatchSnapshot:
-    """What the view shows, from the recorder's aggregates (no raw events read)."""
+def snapshot(source: q.Source, run_id: int, window_name: str | None = None) -> WatchSnapshot:
+    """What the view shows for one of ``watch_queries.WINDOWS`` (by name; None:
+    the whole session), from the recorder's aggregates (no raw events read)."""
+    seconds = dict(q.WINDOWS).get(window_name or "")
+    window = q.last_window(source, run_id, seconds)
     return WatchSnapshot(
         q.watch_sources(source, run_id),
-        q.block_stats(source, run_id),
+        q.block_stats(source, run_id, window),
         q.duplication(source, run_id),
         q.prefix_tree(source, run_id, top=5),
-        q.incidents(source, run_id, newest=8),
-        q.misses(source, run_id),
+        q.incidents(source, run_id, newest=8, window=window),
+        q.misses(source, run_id, window),
+        window_name if seconds else q.WINDOWS[0][0],
+        window,
+        [] if window is None else [m for m in q.misses(source, run_id) if m.source is None],
     )
 
 
 def render(snap: WatchSnapshot) -> RenderableType:
+    windowed = snap.window is not None
     return Group(
+        window_text(snap.window_name, snap.window),
         sources_table(snap.sources),
         fields_text(snap.sources),
-        blocks_table(snap.stats),
-        misses_text(snap.misses),
+        blocks_table(snap.stats, windowed),
+        misses_text(snap.misses, "in the window" if windowed else ""),
+        misses_text(snap.session_misses, "whole session"),
         fleet_text(snap.duplication, snap.prefixes),
         incidents_text(snap.incidents),
     )
@@ -186,9 +224,13 @@ class WatchView(Static):
     """A watch run, refreshed every ``REFRESH_S`` from the database.
 
     One refresh at a time: a tick that finds the previous one still running is
-    skipped, and one that finds nothing new (``watch_queries.version``) costs
-    one small query and no repaint.
+    skipped, and one that finds nothing new (``watch_queries.version``, the
+    same window) costs one small query and no repaint. ``w`` shows the next of
+    ``watch_queries.WINDOWS``; the view takes the focus so that its key works.
     """
+
+    can_focus = True
+    BINDINGS = [Binding("w", "next_window", "Window")]
 
     def __init__(self, db_path: str | os.PathLike[str], run_id: int, **kwargs) -> None:
         super().__init__("loading…", **kwargs)
@@ -197,11 +239,17 @@ class WatchView(Static):
         self.snapshot: WatchSnapshot | None = None  # the one shown
         self.shown_version: tuple | None = None
         self.refreshes = 0  # snapshots taken (what a finished run stops doing)
+        self.window_index = 0  # into watch_queries.WINDOWS
         self._busy = threading.Lock()
 
     def on_mount(self) -> None:
+        self.focus(scroll_visible=False)
         self.tick()
         self.set_interval(REFRESH_S, self.tick)
+
+    def action_next_window(self) -> None:
+        self.window_index = (self.window_index + 1) % len(q.WINDOWS)
+        self.tick()  # or the next timer's, if one is running
 
     def tick(self) -> None:
         if self._busy.acquire(blocking=False):
@@ -218,11 +266,12 @@ class WatchView(Static):
 
     def refresh_snapshot(self) -> WatchSnapshot | None:
         """A new snapshot when the database changed since the one shown, else None."""
+        window_name = q.WINDOWS[self.window_index][0]
         with q.connection(self.db_path) as conn:
-            version = q.version(conn, self.run_id)
+            version = (q.version(conn, self.run_id), window_name)
             if version == self.shown_version:
                 return None
-            snap = snapshot(conn, self.run_id)
+            snap = snapshot(conn, self.run_id, window_name)
         self.shown_version = version
         self.refreshes += 1
         return snap

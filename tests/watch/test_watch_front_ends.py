@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import sqlite3
 
+import long_recording
 import pytest
+from dash import dcc
 from dash_callbacks import call
 from rich.console import Console
 from textual.app import App, ComposeResult
-from watch_helpers import B
+from watch_helpers import B, S
 
 from app.dashboard import watch_page
 from app.dashboard.layout import PAGES
@@ -159,7 +162,7 @@ def test_dashboard_routes_a_watch_run_to_its_page(recording) -> None:
     app = create_app(path)
     assert "nav-watch" in _ids(app.layout)
     page, *classes = call(app, "page.children", "/watch", run_id)
-    assert "watch-content" in _ids(page)
+    assert {"watch-content", "watch-window"} <= _ids(page)
     assert classes[[key for key, _, _ in PAGES].index("watch")] == "nav-link active"
     content = call(app, "watch-content.children", None, run_id)
     assert {"watch-sources", "watch-blocks", "watch-prefixes"} <= _ids(content)
@@ -190,3 +193,117 @@ def test_report_on_a_watch_run(recording, tmp_path) -> None:
     with (tmp_path / "csv" / "watch_duplication.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [int(r["peak_extra_copies"]) for r in rows] == [0, 2]
+
+
+def _find(component, component_id: str):
+    if getattr(component, "id", None) == component_id:
+        return component
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, list | tuple) else [children]:
+        if child is not None and not isinstance(child, str):
+            found = _find(child, component_id)
+            if found is not None:
+                return found
+    return None
+
+
+def _figures(component) -> list:
+    found = [component.figure] if isinstance(component, dcc.Graph) else []
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, list | tuple) else [children]:
+        if child is not None and not isinstance(child, str):
+            found += _figures(child)
+    return found
+
+
+POISON = 10**9
+
+
+def test_dashboard_window_reads_only_its_buckets(tmp_path) -> None:
+    """The watch callback with a window shows the window's figures, and reads no
+    bucket, scrape or incident outside it: those are poisoned here, and would show."""
+    path = tmp_path / "long.db"
+    run_id, events = long_recording.build(path)
+    end = int(events[-1].t_s) + 1
+    lo, hi = end - 900, end  # "last 15 min"
+    conn = sqlite3.connect(path)
+    for table, columns in (
+        ("watch_series", ("stored", "removed", "recomputed", "routing_misses", "live")),
+        ("watch_fleet_series", ("duplicated", "extra_copies")),
+    ):
+        sets = ", ".join(f"{c} = {c} + {POISON}" for c in columns)
+        conn.execute(
+            f"UPDATE {table} SET {sets} WHERE bucket * width_s < ? OR (bucket + 1) * width_s > ?",
+            (lo, hi),
+        )
+    conn.execute(
+        "INSERT INTO watch_incidents (run_id, ts_ns, source, kind, recovered, lost, detail) "
+        "VALUES (?, ?, 0, 'gap', 0, 7, 'outside the window')",
+        (run_id, (lo - 5) * S),
+    )
+    conn.commit()
+    conn.close()
+    app = create_app(path)
+    page = call(app, "watch-content.children", None, run_id, "last 15 min")
+    want = long_recording.expected(events, lo, hi)
+    assert f"t {lo:,}-{hi:,} s" in _find(page, "watch-window-note").children
+    blocks = {r["source"]: r for r in _find(page, "watch-blocks").data}
+    for src, (stored, removed, recomputed, routing) in want.items():
+        row = blocks[src]
+        assert (row["stored (window)"], row["removed (window)"]) == (stored, removed)
+        assert row["recomputed after eviction (window)"] == recomputed
+        assert row["routing misses (window)"] == routing
+    fleet = next(r for r in _find(page, "watch-misses").data if r["source"] == "fleet")
+    assert fleet["recomputed after eviction"] == f"{sum(w[2] for w in want.values()):,}"
+    assert fleet["routing misses"] == f"{sum(w[3] for w in want.values()):,}"
+    assert fleet["recomputed share of prefill"] == "—"  # not kept per bucket: see the session's
+    session = next(r for r in _find(page, "watch-misses-session").data if r["source"] == "fleet")
+    # every cycle: 3 new blocks (2 on source 0, 1 on source 1), 1 recomputed, 2 routed
+    assert (session["recomputed share of prefill"], session["routing share of prefill"]) == (
+        "33.3%",
+        "66.7%",
+    )
+    assert _find(page, "watch-incidents").data == []
+    values = [v for fig in _figures(page) for trace in fig.data for v in (trace.y or ()) if v]
+    assert values and max(values) < POISON / 3600  # no poisoned bucket, even as a rate
+    # The same page over the whole session reads the poisoned buckets: the poison shows.
+    whole = call(app, "watch-content.children", None, run_id, "whole session")
+    assert max(v for fig in _figures(whole) for t in fig.data for v in (t.y or ()) if v) > 1e5
+
+
+def test_tui_w_cycles_the_windows(tmp_path) -> None:
+    path = tmp_path / "long.db"
+    run_id, events = long_recording.build(path)
+    end = int(events[-1].t_s) + 1
+
+    class Host(App):
+        def compose(self) -> ComposeResult:
+            yield WatchView(path, run_id, id="watch")
+
+    async def drive() -> list[tuple[str, list]]:
+        shown = []
+        app = Host()
+        async with app.run_test(size=(140, 60)) as pilot:
+            view = app.query_one(WatchView)
+            for name, _ in q.WINDOWS:
+                for _ in range(400):
+                    if view.snapshot is not None and view.snapshot.window_name == name:
+                        break
+                    await pilot.pause(0.05)
+                shown.append((name, view.snapshot))
+                await pilot.press("w")
+        return shown
+
+    shown = asyncio.run(drive())
+    assert [name for name, _ in shown] == [snap.window_name for _, snap in shown]
+    for (_, seconds), (name, snap) in zip(q.WINDOWS, shown, strict=True):
+        text = _text(render(snap))
+        assert f"window: {name}" in text and "[w] next window" in text
+        if seconds is None:
+            assert snap.window is None and "follow the window" not in text
+            continue
+        want = long_recording.expected(events, end - seconds, end)
+        assert [(s.source, s.stored, s.removed, s.recomputed) for s in snap.stats] == [
+            (src, w[0], w[1], w[2]) for src, w in sorted(want.items())
+        ]
+        assert "in the window" in text and "whole session" in text

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import random
+
+import long_recording
 from watch_helpers import A, B, C
 
 from db import watch_queries as q
@@ -50,9 +54,10 @@ def test_cached_series_by_medium(recording) -> None:
     assert at[(4.0, 0, "GPU")] == 3
     assert at[(7.0, 0, "GPU")] == 0 and at[(7.0, 0, "CPU")] == 0  # AllBlocksCleared
     assert at[(8.0, 0, "GPU")] == 1
-    # A window reads only its buckets.
-    shown = q.cached_series(path, run_id, q.Window(3.0, 4.0))
+    # A window reads only the buckets wholly inside it: [3, 5) is the 3 s and 4 s ones.
+    shown = q.cached_series(path, run_id, q.Window(3.0, 5.0))
     assert {p.t_s for p in shown} == {4.0, 5.0}
+    assert {p.t_s for p in q.cached_series(path, run_id, q.Window(2.5, 4.0))} == {4.0}
 
 
 def test_duplicates_across_replicas_of_one_engine_kind(recording) -> None:
@@ -188,3 +193,46 @@ def test_vllm_residency_histograms_and_cache_sources(tmp_path) -> None:
     lines = watch_page.cache_sources_figure([cache])
     assert sorted(t.name for t in lines.data) == ["0 external", "0 local"]
     assert "hit rate 25.0%" in lines.layout.annotations[0].text
+
+
+def test_a_window_counts_the_events_inside_it(tmp_path) -> None:
+    """Windows at every offset of a 2.5 h recording: the figures are those of the
+    events in the window, summed from 1 h, 1 min and 1 s buckets."""
+    path = tmp_path / "long.db"
+    run_id, events = long_recording.build(path)
+    end = int(events[-1].t_s) + 1
+    rng = random.Random(5)
+    windows = [(0.0, None), (None, None), (59.5, 3661.2), (3600.0, 7200.0), (7199.9, 7200.1)]
+    windows += [tuple(sorted(rng.uniform(0, end) for _ in range(2))) for _ in range(30)]
+    for start, stop in windows:
+        window = q.Window(start, stop)
+        lo, hi = math.floor(start or 0), end if stop is None else math.ceil(stop)
+        want = long_recording.expected(events, lo, hi)
+        got = q.window_counts(path, run_id, window)
+        assert {
+            s: (c.stored, c.removed, c.recomputed, c.routing_misses) for s, c in got.items()
+        } == want
+        stats = {s.source: s for s in q.block_stats(path, run_id, window)}
+        fleet = next(m for m in q.misses(path, run_id, window) if m.source is None)
+        assert fleet.recomputed == sum(w[2] for w in want.values())
+        assert fleet.routing_misses == sum(w[3] for w in want.values())
+        assert fleet.span_s == max(min(hi, end) - lo, 1) and fleet.new_blocks is None
+        for src, (stored, removed, _, routing) in want.items():
+            assert (stats[src].stored, stats[src].removed, stats[src].routing_misses) == (
+                stored, removed, routing,
+            )  # fmt: skip
+    # The whole session as a window agrees with the session's own totals.
+    session = {s.source: s for s in q.block_stats(path, run_id)}
+    whole = q.window_counts(path, run_id, q.Window())
+    assert all(session[s].stored == c.stored and session[s].recomputed == c.recomputed
+               for s, c in whole.items())  # fmt: skip
+    assert q.last_window(path, run_id, 300) == q.Window(end - 300.0, float(end))
+    assert q.last_window(path, run_id, None) is None
+
+
+def test_window_tiles_cover_exactly() -> None:
+    for lo, hi in [(0, 1), (59, 61), (3599, 7201), (5, 5), (61, 3659), (0, 36_000)]:
+        tiles = q._tiles(lo, hi)
+        seconds = [s for w, a, b in tiles for s in range(a * w, (b + 1) * w)]
+        assert seconds == list(range(lo, hi))
+        assert len(tiles) <= 5
