@@ -420,7 +420,7 @@ class DecodeTable:
             np.cumsum(counts, out=indptr[1:])
             self.indptr = indptr
             self.requests = list(requests)
-            self.page_lists = page_lists
+            self.page_lists = list(page_lists)
             self.rebuilds += 1
         self.counts = counts
         return self.flat, self.indptr

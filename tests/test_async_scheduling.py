@@ -1,0 +1,226 @@
+"""Async scheduling on the CPU: the same tokens, pages and events as the serial engine.
+
+With ``--async-scheduling on`` a step launches the next batch before it reads the
+previous one's tokens (engine/async_step.py). On the CPU nothing overlaps, but every
+line of the logic runs: fed tokens, pages grown ahead, stops found one step late,
+discarded rows. Greedy output must be token-identical to the serial engine across
+stop tokens, stop strings, max tokens, shared prefixes, preemption and chunked
+prefill; the recording must stay true page by page (tests/page_probe.py); and the
+incremental page table must equal a rebuilt one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from page_probe import PageProbe, drive_probed, mismatches
+from test_page_truth import _record, _shared_prefix
+from test_scheduler import BYTES_PER_PAGE, TINY, tiny_engine
+from tiny_model import VOCAB
+
+from engine.async_step import LaunchedStep, feed_for
+from engine.engine import Engine
+from engine.engine_config import EngineConfig
+from engine.errors import KvscopeError
+from engine.events import EventBus
+from engine.request import Request
+from engine.runner import DecodeTable
+from engine.sampler import SampledTokens, SamplingParams
+
+COMMON = (10, 12, 14, 23, 60)
+
+
+def _workload(seed: int, n: int = 14, prefix_len: int = 20) -> list[tuple[int, list[int], dict]]:
+    """(arrival step, prompt, sampling kwargs): a shared prefix, varied lengths and stops."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(1, VOCAB) for _ in range(prefix_len)]
+    out = []
+    for i in range(n):
+        own = [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 30))]
+        kw: dict = {"max_tokens": rng.choice([1, 2, 3, 7, 16, 40])}
+        # The tiny model's frequent tokens, so the stops fire (the tokenizer has no EOS).
+        if i % 3 == 0:
+            kw = {"max_tokens": 40, "stop_token_ids": [rng.choice(COMMON)]}  # EOS's code path
+        if i % 4 == 1:
+            kw = {"max_tokens": 40, "stop": [f"t{rng.choice(COMMON)}"]}
+        out.append((rng.randrange(0, 12), (prefix if i % 2 else []) + own, kw))
+    return out
+
+
+def _run(mode: str, arrivals, pages: int = 200, **config):
+    """Drive the arrivals to the end; returns (outputs by position, engine, events)."""
+    bus = EventBus()
+    events: list = []
+    bus.subscribe(events.append)
+    engine = tiny_engine(pages, bus=bus, async_scheduling=mode, **config)
+    pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
+    index: dict[int, int] = {}
+    outputs: dict[int, tuple] = {}
+    step = 0
+    while pending or engine.has_unfinished():
+        while pending and pending[0][1][0] <= step:
+            position, (_, prompt, kw) = pending.pop(0)
+            index[engine.add_request(prompt, SamplingParams(**kw))] = position
+        for o in engine.step():
+            assert o.request_id not in {r for r, p in index.items() if p in outputs}
+            if o.finished:
+                outputs[index[o.request_id]] = (o.token_ids, o.text, o.finish_reason)
+        engine.kv.check_integrity()
+        step += 1
+        assert step < 5000
+    return outputs, engine, events
+
+
+def _assert_clean_end(engine: Engine, events: list, outputs: dict) -> None:
+    """No page leaked, every allocation freed, the events' tokens the outputs' tokens."""
+    kv = engine.kv
+    assert not kv.holders and not engine.scheduler.running
+    cached = kv.prefix.num_cached_only if kv.prefix is not None else 0
+    assert kv.pool.num_free + cached == engine.num_pages
+    allocated: Counter = Counter()
+    freed: Counter = Counter()
+    for e in events:
+        if e.kind == "pages_allocated":
+            allocated.update((e.request_id, p) for p in e.pages)
+        elif e.kind == "pages_freed":
+            freed.update((e.request_id, p) for p in e.pages)
+    assert allocated == freed
+    finished = [e for e in events if e.kind == "request_finished"]
+    assert sorted(e.output_tokens for e in finished) == sorted(len(o[0]) for o in outputs.values())
+    assert len({e.request_id for e in events if e.kind == "first_token"}) == len(outputs)
+
+
+def test_greedy_tokens_identical_with_stops_limits_and_shared_prefixes():
+    arrivals = _workload(0)
+    serial, _, _ = _run("off", arrivals)
+    ahead, engine, events = _run("on", arrivals)
+    assert ahead == serial
+    reasons = Counter(o[2] for o in serial.values())
+    assert reasons["stop"] >= 2 and reasons["length"] >= 2  # both kinds of finish exercised
+    assert engine.steps_ahead > 20  # most decode steps ran ahead of their tokens
+    assert engine.kv.prefix_hit_tokens > 0  # the shared prefix was matched
+    _assert_clean_end(engine, events, ahead)
+    # Rows whose request stopped on the token in flight ran for nothing: counted as
+    # computed (their K/V was written), never as emitted tokens.
+    decoded = sum(e.decode_tokens + e.prefill_tokens for e in events if e.kind == "step_summary")
+    serial_tokens = sum(len(o[0]) for o in serial.values())
+    assert decoded >= serial_tokens
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_preemption_and_chunked_prefill_under_a_small_budget(preemption):
+    arrivals = [(0, p, {"max_tokens": n}) for _, p, n in _shared_prefix(8, 16, every=0, out=24)]
+    arrivals += [(3, [7] * 45, {"max_tokens": 9, "stop": ["t11"]})]
+    config = {"preemption": preemption, "max_batched_tokens": 16, "max_num_seqs": 4}
+    serial, _, _ = _run("off", arrivals, pages=22, **config)
+    ahead, engine, events = _run("on", arrivals, pages=22, **config)
+    assert ahead == serial
+    assert any(e.kind == "request_preempted" for e in events)
+    assert any(e.kind == "chunk_scheduled" for e in events)
+    assert engine.steps_ahead > 10
+    _assert_clean_end(engine, events, ahead)
+
+
+def test_drawn_rows_fall_back_to_the_serial_path():
+    arrivals = [(0, [3, 4, 5] * (i + 1), {"max_tokens": 6, "temperature": 0.9}) for i in range(4)]
+    serial, _, _ = _run("off", arrivals)
+    ahead, engine, _ = _run("on", arrivals)
+    assert ahead == serial  # the same seeds draw the same tokens
+    assert engine.steps_ahead == 0  # a drawn token is known on the host only
+
+
+def test_the_recording_stays_true_at_every_step(tmp_path):
+    run_id, probe, kinds = _record(
+        tmp_path / "r.db",
+        lambda bus: tiny_engine(22, bus=bus, async_scheduling="on"),
+        _shared_prefix(8, prefix_len=16, every=1, out=12),
+    )
+    assert kinds.get("request_preempted", 0) > 0
+    assert len(probe.truth) > 10
+    wrong = mismatches(tmp_path / "r.db", run_id, probe)
+    assert not wrong, f"{len(wrong)} differences, first: {wrong[:5]}"
+
+
+def test_the_page_probe_agrees_with_the_pool_ahead_of_the_tokens():
+    engine = tiny_engine(40, async_scheduling="on")
+    probe = PageProbe(engine)
+    drive_probed(engine, probe, [(i, [9, 8, 7, 6] * (2 + i), 10 + i) for i in range(6)])
+    assert engine.steps_ahead > 5 and len(probe.truth) > 15
+
+
+def test_incremental_page_table_equals_a_rebuilt_one():
+    rng = random.Random(3)
+    pages = [[rng.randrange(1000) for _ in range(rng.randrange(1, 4))] for _ in range(9)]
+    reqs = [object() for _ in pages]
+    kept = DecodeTable()
+    counts = np.array([len(p) for p in pages])
+    for _ in range(40):
+        for i, pl in enumerate(pages):  # some requests start a new page this step
+            if rng.random() < 0.3:
+                pl.append(rng.randrange(1000))
+                counts[i] = len(pl)
+        flat, indptr = kept.build(reqs, pages, counts.copy())
+        fresh_flat, fresh_ptr = DecodeTable().build(reqs, pages, counts.copy())
+        assert np.array_equal(flat, fresh_flat) and np.array_equal(indptr, fresh_ptr)
+    assert kept.rebuilds == 1 and kept.updates == 39
+    pages[4] = list(pages[4])  # a page list replaced (preemption, swap-in): rebuilt
+    kept.build(reqs, pages, counts.copy())
+    kept.build(reqs[1:], pages[1:], counts[1:].copy())  # a request left: rebuilt
+    assert kept.rebuilds == 3
+
+
+def test_steady_decode_updates_the_page_table_instead_of_rebuilding():
+    engine = tiny_engine(400, async_scheduling="off")
+    for i in range(6):
+        engine.add_request([5 + i] * 10, SamplingParams(max_tokens=30, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    table = engine.runner.table
+    assert table.updates >= 25 and table.rebuilds <= 3
+
+
+def test_feed_writes_the_in_flight_tokens_into_their_rows():
+    logits = torch.zeros(3, VOCAB)
+    logits[[0, 1, 2], [11, 22, 33]] = 1.0
+    params = [SamplingParams()] * 3
+    reqs = [Request(i, [1], SamplingParams(), 0) for i in range(4)]
+    launched = LaunchedStep(0, reqs[:3], SampledTokens(logits, params, [None] * 3))
+    feed = feed_for([reqs[2], reqs[3], reqs[0]], launched)  # one left, one new, reordered
+    assert (feed.dst, feed.src, feed.in_order) == ([0, 2], [2, 0], False)
+    token_ids = torch.full((3,), -1, dtype=torch.long)
+    feed.apply(token_ids)
+    assert token_ids.tolist() == [33, -1, 11]
+    same = feed_for(reqs[:3], launched)
+    assert same.in_order
+    token_ids = torch.zeros(3, dtype=torch.long)
+    same.apply(token_ids)
+    assert token_ids.tolist() == [11, 22, 33]
+    assert feed_for([reqs[3]], launched) is None
+
+
+def test_the_option():
+    assert EngineConfig().async_scheduling == "off"  # auto on the CPU: nothing to overlap
+    assert EngineConfig(async_scheduling="on").async_scheduling == "on"
+    with pytest.raises(KvscopeError, match="async scheduling must be one of auto, on, off"):
+        EngineConfig(async_scheduling="yes")
+    config = EngineConfig(
+        async_scheduling="on", kv_budget_bytes=64 * 4 * BYTES_PER_PAGE, page_size=4
+    )
+    assert Engine(config, loaded=TINY).async_scheduling
+
+
+def test_the_flag(capsys):
+    from app.cli import build_parser, main
+    from app.engine_options import engine_config_from_args
+
+    assert main(["generate", "--async-scheduling", "sometimes", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvscope: error:") and "'auto', 'on', 'off'" in err
+    argv = ["run", "--headless", "--device", "cpu", "--async-scheduling", "on"]
+    assert engine_config_from_args(build_parser().parse_args(argv)).async_scheduling == "on"
+    argv[-1] = "auto"
+    assert engine_config_from_args(build_parser().parse_args(argv)).async_scheduling == "off"
