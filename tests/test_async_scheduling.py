@@ -224,3 +224,34 @@ def test_the_flag(capsys):
     assert engine_config_from_args(build_parser().parse_args(argv)).async_scheduling == "on"
     argv[-1] = "auto"
     assert engine_config_from_args(build_parser().parse_args(argv)).async_scheduling == "off"
+
+
+@pytest.mark.slow
+def test_real_model_async_matches_serial_and_transformers(make_engine, oracle):
+    from test_oracle import CHAT, PLAIN
+
+    def run(mode: str, params: list[SamplingParams]) -> tuple[list, Engine]:
+        engine = make_engine(async_scheduling=mode)
+        ids = [engine.add_request(p, q) for p, q in zip(PLAIN, params[:4], strict=True)]
+        ids += [engine.add_request(p, q, chat=True) for p, q in zip(CHAT, params[4:], strict=True)]
+        done = {o.request_id: o for o in engine.stream() if o.finished}
+        engine.kv.check_integrity()
+        assert not engine.kv.holders
+        return [(engine.requests[i].prompt_ids, done[i]) for i in ids], engine
+
+    # EOS, a stop string and different max tokens: on and off identical.
+    varied = [
+        SamplingParams(max_tokens=8 + 5 * i, stop=["\n\n"] if i % 3 else []) for i in range(8)
+    ]
+    serial, _ = run("off", varied)
+    ahead, engine = run("on", varied)
+    assert [o for _, o in ahead] == [o for _, o in serial]
+    assert engine.steps_ahead > 20
+    assert {o.finish_reason for _, o in serial} == {"stop", "length"}
+    # 24 tokens each, ignoring EOS: every token transformers' argmax (teacher forcing).
+    fixed, _ = run("on", [SamplingParams(max_tokens=24, ignore_eos=True)] * 8)
+    for prompt_ids, out in fixed:
+        full = torch.tensor([prompt_ids + out.token_ids[:-1]])
+        with torch.no_grad():
+            expected = oracle(full).logits[0, len(prompt_ids) - 1 :].argmax(-1).tolist()
+        assert out.token_ids == expected
