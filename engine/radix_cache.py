@@ -350,9 +350,13 @@ class RadixCache(PrefixCache):
             node = child
         self.work.nodes += walked
         if stored and self.bus.active:
+            nodes = [self._by_page[p] for p in stored]
             self.bus.emit(
-                BlockStored(now_ns(), self.step, tuple(stored), len(stored) * self.page_size)
-            )
+                BlockStored(
+                    now_ns(), self.step, tuple(stored), len(stored) * self.page_size,
+                    tuple(n.chain for n in nodes), tuple(n.parent.chain for n in nodes),
+                )
+            )  # fmt: skip
         return node
 
     # --- eviction ----------------------------------------------------------------
