@@ -10,9 +10,9 @@ vLLM's null block), against what the workload implies:
   stores three full blocks that A holds (block hashes agree across processes:
   vLLM's default sha256 hashing has a fixed seed).
 
-Data parallelism inside one vLLM would do for the second, but the CPU build
-cannot publish a DP rank's events on an ipc endpoint (vLLM offsets only tcp
-ports and inproc names) and the API server picks the rank itself.
+Two servers rather than data-parallel ranks of one: this tier binds vLLM's
+events to ipc endpoints, and vLLM offsets a DP rank's endpoint only for tcp
+ports and inproc names (``offset_endpoint_port`` refuses an ipc one for rank 1).
 """
 
 from __future__ import annotations
