@@ -19,6 +19,18 @@ the same transaction as the raw rows:
 | ``watch_histograms`` | (source, histogram, bin): lifetime, idle before eviction, reuse gap, removal-to-restore |
 | ``watch_shared_prefixes`` | the largest shared prefixes, ranked |
 
+A hash stored again while its source holds it there is counted as re-announced;
+it is a second physical copy only in the batch that stored it (two requests
+computed one block in one step), and a hit re-announced otherwise (vLLM's
+report mode full re-announces every hit block of a request in the step that
+hits it, and removes each physical block once): counting those as copies made
+held blocks drift upward until the next clear.
+
+Folding runs at fleet rates (millions of block events a second over a watch of
+64 engines), so the state is ints in dicts, no object per held block, and the
+usual event (new blocks stored, or blocks held once removed) is folded with a
+few C-level dict and set operations per event, not several per block.
+
 Media and groups are stored as ``''`` and ``-1`` when the engine sent none
 (SQLite's primary keys treat NULLs as distinct). Series come in bucket widths
 of 1 s, 1 min and 1 h, so a view of any window reads at most a few thousand
@@ -35,8 +47,10 @@ import json
 import math
 import sqlite3
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
+from itertools import islice, repeat
+from operator import sub
 
 import numpy as np
 
@@ -131,67 +145,96 @@ def bin_edges_s(b: int) -> tuple[float, float]:
     return 2 ** ((b - 1) / BINS_PER_OCTAVE) / 1000.0, 2 ** (b / BINS_PER_OCTAVE) / 1000.0
 
 
+# Indexes of STAT_COLUMNS in a source's counts.
+_STORED, _NEW, _REMOVED, _REANNOUNCED, _RECOMPUTED, _ROUTING, _BOTH, _UNKNOWN = range(8)
+_CLEARS, _RESETS, _LIFE_COUNT, _LIFE_SUM = range(8, 12)
+
+
+class _Shelf:
+    """What one source holds on one (medium, group): copies per hash.
+
+    Ints in dicts, no object per block (a list per held block had been most of
+    folding's cost): ``born`` is every hash held and when it was stored,
+    ``last`` the latest re-store of those stored again, ``more`` the copies
+    beyond the first of those held twice or more (rare)."""
+
+    __slots__ = ("born", "last", "more", "copies")
+
+    def __init__(self) -> None:
+        self.born: dict[int, int] = {}  # hash -> stored at (ns)
+        self.last: dict[int, int] = {}  # hash -> stored again at (ns), when it was
+        self.more: dict[int, int] = {}  # hash -> physical copies beyond the first
+        self.copies = 0  # physical copies on the shelf
+
+
 class _Source:
     """One source's cache as the stream tells it."""
 
-    __slots__ = ("bit", "engine", "tree", "shelves", "on_source", "evicted", "copies", "stats",
-                 "hist")  # fmt: skip
+    __slots__ = ("bit", "engine", "tree", "shelves", "on_source", "evicted", "counts", "hist")
 
     def __init__(self, index: int, engine: str, tree: _Tree) -> None:
         self.bit = 1 << index
         self.engine = engine
         self.tree = tree
-        # (medium, group) -> hash -> [copies, stored at, last stored at] (ns)
-        self.shelves: dict[tuple[str, int], dict[int, list[int]]] = {}
+        self.shelves: dict[tuple[str, int], _Shelf] = {}  # (medium, group) -> shelf
         # hash -> shelves holding it; kept only once a source has two shelves (an
         # offload tier, hybrid groups): with one, held there is held on the source.
         self.on_source: dict[int, int] | None = None
         self.evicted: OrderedDict[int, int] = OrderedDict()  # hash -> removed at (ns)
-        self.copies: dict[tuple[str, int], int] = {}  # (medium, group) -> physical copies
-        self.stats = dict.fromkeys(STAT_COLUMNS, 0)
-        self.stats["lifetime_sum_s"] = 0.0
+        self.counts = [0] * len(STAT_COLUMNS)  # STAT_COLUMNS order; lifetime_sum_s in s
+        self.counts[_LIFE_SUM] = 0.0
         # durations (ns) per histogram since the last persist, binned then (numpy)
         self.hist: dict[str, list[int]] = {name: [] for name in HISTOGRAMS}
 
-    def shelf(self, medium: str, group: int) -> dict[int, list[int]]:
+    def shelf(self, medium: str, group: int) -> _Shelf:
         key = (medium, group)
         shelf = self.shelves.get(key)
         if shelf is None:
             if len(self.shelves) == 1 and self.on_source is None:
                 (only,) = self.shelves.values()
-                self.on_source = dict.fromkeys(only, 1)
-            shelf = self.shelves[key] = {}
-            self.copies[key] = 0
+                self.on_source = dict.fromkeys(only.born, 1)
+            shelf = self.shelves[key] = _Shelf()
         return shelf
 
     def held_blocks(self, medium: str) -> int:
         if len(self.shelves) == 1:
             (((m, _), shelf),) = self.shelves.items()
-            return len(shelf) if m == medium else 0
-        return sum(len(s) for (m, _), s in self.shelves.items() if m == medium)
+            return len(shelf.born) if m == medium else 0
+        return sum(len(s.born) for (m, _), s in self.shelves.items() if m == medium)
 
-    def all_held(self) -> set[int] | dict[int, int]:
+    def all_held(self) -> dict[int, int]:
         if self.on_source is not None:
             return self.on_source
-        return next(iter(self.shelves.values()), {})
+        return next(iter(self.shelves.values())).born if self.shelves else {}
 
 
 class _Tree:
     """The prefix tree of one engine kind: every block ever stored, by its parent,
     and which sources hold each block now (the fleet's duplication)."""
 
-    __slots__ = ("nodes", "branch_points", "roots", "max_depth", "duplicated", "extra", "peak")
+    __slots__ = ("nodes", "held", "branch_points", "roots", "max_depth", "duplicated", "extra",
+                 "peak")  # fmt: skip
 
     def __init__(self) -> None:
-        # hash -> [parent, depth, children, subtree size, sources that stored it (bits),
-        #          sources that hold it now (bits)]
+        # hash -> [parent, depth, children, subtree size, sources that stored it (bits)]
         self.nodes: dict[int, list] = {}
+        self.held: dict[int, int] = {}  # hash -> sources holding it now (bits), never 0
         self.branch_points: set[int] = set()
         self.roots = 0
         self.max_depth = 0
         self.duplicated = 0  # hashes held by >= 2 sources now
         self.extra = 0  # copies beyond the first, across sources
         self.peak = 0
+
+
+def _trim(evicted: OrderedDict[int, int]) -> None:
+    """Forget the oldest removals past ``EVICTED_MEMORY`` (in C when there are many)."""
+    over = len(evicted) - EVICTED_MEMORY
+    if over > 8:
+        deque(map(evicted.__delitem__, list(islice(evicted, over))), 0)
+    else:
+        for _ in range(over):
+            evicted.popitem(last=False)
 
 
 class FleetState:
@@ -242,63 +285,86 @@ class FleetState:
         """Fold ``watch_blocks`` rows (``BLOCK_COLUMNS`` order, without run_id) in,
         in arrival order; ``hash_lists`` spares parsing the JSON again."""
         sources = self.sources
-        store, remove = self._store, self._remove
+        store, remove, note = self._store, self._remove, self._note
         if hash_lists is None:
             hash_lists = [None] * len(rows)
+        # The series and fleet figures are noted once per run of rows of one source,
+        # timestamp and medium (a batch's events, mostly), not once per event: sums
+        # over the run, the values at its end, the fleet's peak within it.
+        run_src = run_source = run_ts = run_m = None
+        run = [0, 0, 0, 0]  # stored, removed, recomputed, routing
+        peak = -1
         for row, hashes in zip(rows, hash_lists, strict=True):
             source, _seq, ts_ns, op, text, parent, medium, group, _n = row
+            m = NO_MEDIUM if medium is None else medium
+            if source != run_source or ts_ns != run_ts or m != run_m:
+                if run_src is not None:
+                    note(run_src, run_source, run_m, run_ts, run, peak)
+                    run = [0, 0, 0, 0]
+                    peak = -1
+                run_src = sources.get(source)
+                if run_src is None:
+                    run_src = self._source(source)
+                run_source, run_ts, run_m = source, ts_ns, m
             if hashes is None and text:
                 hashes = json.loads(text)
-            src = sources.get(source)
-            if src is None:
-                src = self._source(source)
             if op == OP_STORED:
-                store(src, source, ts_ns, hashes or (), parent, medium, group)
+                if hashes:
+                    extra = store(run_src, ts_ns, hashes, parent, m,
+                                  NO_GROUP if group is None else group, run)  # fmt: skip
+                else:
+                    extra = run_src.tree.extra
             elif op == OP_REMOVED:
-                remove(src, source, ts_ns, hashes or (), medium, group)
+                if hashes:
+                    extra = remove(run_src, ts_ns, hashes, m, NO_GROUP if group is None else group,
+                                   run)  # fmt: skip
+                else:
+                    extra = run_src.tree.extra
             elif op in (OP_CLEARED, OP_RESET):
-                self._clear(src, source, ts_ns, op)
+                if run[0] or run[1] or peak >= 0:
+                    note(run_src, run_source, run_m, run_ts, run, peak)
+                    run = [0, 0, 0, 0]
+                self._clear(run_src, source, ts_ns, op)
+                peak = -1
+                run_src = run_source = None  # the clear noted itself
+                continue
+            else:
+                extra = run_src.tree.extra
+            if extra > peak:
+                peak = extra
+        if run_src is not None:
+            note(run_src, run_source, run_m, run_ts, run, peak)
 
-    def _note(self, src: _Source, source: int, medium: str, ts_ns: int, stored: int,
-              removed: int, recomputed: int, routing: int, live: int | None = None) -> None:  # fmt: skip
-        if live is None:
-            live = src.held_blocks(medium)
+    def _note(self, src: _Source, source: int, medium: str, ts_ns: int, run: list[int],
+              peak: int) -> None:  # fmt: skip
+        """A run's figures into the series of each bucket width: ``run`` (stored,
+        removed, recomputed, routing) added, live blocks and the fleet's duplication
+        as they are now, the fleet's peak within the run."""
         tree = src.tree
         dup, extra = tree.duplicated, tree.extra
+        if peak < extra:
+            peak = extra
         rel = ts_ns - self.origin_ns
-        # Consecutive events of a source mostly fall in the same second, hence in the
+        # Consecutive runs of a source mostly fall in the same second, hence in the
         # same bucket of every (wider, multiple) width: their entries are kept at hand
-        # (until persist starts new dicts) instead of looked up per width and event.
-        # Unrolled over the three widths: this runs once per event at fleet rates.
+        # (until persist starts new dicts) instead of looked up per width and run.
         cached = self._note_at.get((source, medium))
         if cached is None or cached[0] != rel // 1_000_000_000:
             cached = self._note_entries(src, source, medium, rel)
         _, s1, s2, s3, f1, f2, f3 = cached
-        if stored:
-            s1[0] += stored
-            s2[0] += stored
-            s3[0] += stored
-        if removed:
-            s1[1] += removed
-            s2[1] += removed
-            s3[1] += removed
-        s1[2] = s2[2] = s3[2] = live
-        if recomputed:
-            s1[3] += recomputed
-            s2[3] += recomputed
-            s3[3] += recomputed
-        if routing:
-            s1[4] += routing
-            s2[4] += routing
-            s3[4] += routing
-        f1[0] = f2[0] = f3[0] = dup
-        f1[1] = f2[1] = f3[1] = extra
-        if extra > f1[2]:
-            f1[2] = extra
-        if extra > f2[2]:
-            f2[2] = extra
-        if extra > f3[2]:
-            f3[2] = extra
+        stored, removed, recomputed, routing = run
+        live = src.held_blocks(medium)
+        for s in (s1, s2, s3):
+            s[0] += stored
+            s[1] += removed
+            s[2] = live
+            s[3] += recomputed
+            s[4] += routing
+        for f in (f1, f2, f3):
+            f[0] = dup
+            f[1] = extra
+            if peak > f[2]:
+                f[2] = peak
 
     def _note_entries(self, src: _Source, source: int, medium: str, rel: int) -> tuple:
         """(1 s bucket, the series entries, the fleet entries) of ``rel`` in each width, made
@@ -320,24 +386,207 @@ class FleetState:
         cached = self._note_at[(source, medium)] = (rel // 1_000_000_000, *mine, *fleets)
         return cached
 
-    def _store(self, src: _Source, source: int, ts_ns: int, hashes: Sequence[int],
-               parent: int | None, medium: str | None, group: int | None) -> None:  # fmt: skip
-        m = NO_MEDIUM if medium is None else medium
-        g = NO_GROUP if group is None else group
+    def _store(self, src: _Source, ts_ns: int, hashes: list[int], parent: int | None,
+               m: str, g: int, run: list[int]) -> int:  # fmt: skip
+        """Fold a BlockStored in; returns the fleet's extra copies after it."""
         shelf = src.shelves.get((m, g))
         if shelf is None:
             shelf = src.shelf(m, g)
-        on_source, stats, hist, evicted = src.on_source, src.stats, src.hist, src.evicted
-        reuse, restore = hist["reuse_gap"], hist["restore_gap"]
+        born = shelf.born
+        n = len(hashes)
+        counts = src.counts
         tree, bit = src.tree, src.bit
+        if n == 1 and src.on_source is None and hashes[0] not in born:
+            # One new block (decode-like streams): the same as below, without a call in C
+            # per step that a one-hash event would pay for nothing.
+            block = hashes[0]
+            born[block] = ts_ns
+            shelf.copies += 1
+            counts[_STORED] += 1
+            counts[_NEW] += 1
+            run[0] += 1
+            evicted = src.evicted
+            removed_at = evicted.pop(block, None) if evicted else None
+            if removed_at is not None:
+                counts[_RECOMPUTED] += 1
+                run[2] += 1
+                src.hist["restore_gap"].append(ts_ns - removed_at)
+            held = tree.held
+            mask = held.get(block, 0) & ~bit
+            if mask:
+                counts[_ROUTING] += 1  # another source of this engine kind holds it
+                run[3] += 1
+                if removed_at is not None:
+                    counts[_BOTH] += 1
+                tree.extra += 1
+                if mask & (mask - 1) == 0:
+                    tree.duplicated += 1
+                if tree.extra > tree.peak:
+                    tree.peak = tree.extra
+            held[block] = mask | bit
+            nodes = tree.nodes
+            node = nodes.get(block)
+            if node is not None:
+                node[4] |= bit
+                return tree.extra
+            above = nodes.get(parent) if parent is not None and parent != block else None
+            if above is not None:
+                depth = above[1] + 1
+                above[2] += 1
+                if above[2] == 2:
+                    tree.branch_points.add(parent)
+            else:
+                depth = 1
+                tree.roots += 1
+            if depth > tree.max_depth:
+                tree.max_depth = depth
+            nodes[block] = [parent, depth, 0, 1, bit]
+            self._prefixes_dirty = True
+            if above is not None:
+                self._above(tree, parent, 1)
+            return tree.extra
+        # The usual event: blocks no shelf of a one-shelf source holds, none twice in
+        # the event. Its cache, evicted memory and holders are updated in C, a call
+        # per event rather than a few per block.
+        if src.on_source is None and (not born or born.keys().isdisjoint(hashes)):
+            before = len(born)
+            born.update(zip(hashes, repeat(ts_ns)))
+            if len(born) - before == n:
+                shelf.copies += n
+                evicted = src.evicted
+                back = None
+                recomputed = routing = 0
+                if evicted:
+                    back = evicted.keys() & hashes
+                    if back:
+                        restore = src.hist["restore_gap"]
+                        for h in back:
+                            restore.append(ts_ns - evicted.pop(h))
+                        recomputed = len(back)
+                held = tree.held
+                if not held or held.keys().isdisjoint(hashes):
+                    held.update(zip(hashes, repeat(bit)))
+                else:
+                    for h in hashes:
+                        mask = held.get(h, 0) & ~bit
+                        if mask:
+                            routing += 1  # another source of this engine kind holds it
+                            if back and h in back:
+                                counts[_BOTH] += 1
+                            tree.extra += 1
+                            if mask & (mask - 1) == 0:
+                                tree.duplicated += 1
+                        held[h] = mask | bit
+                    if tree.extra > tree.peak:
+                        tree.peak = tree.extra
+                counts[_STORED] += n
+                counts[_NEW] += n
+                counts[_RECOMPUTED] += recomputed
+                counts[_ROUTING] += routing
+                run[0] += n
+                run[2] += recomputed
+                run[3] += routing
+                self._grow(tree, hashes, parent, bit, distinct=True)
+                return tree.extra
+            for h in hashes:  # a hash twice in the event: undone, and taken block by block
+                born.pop(h, None)
+        self._store_blocks(src, shelf, ts_ns, hashes, run)
+        self._grow(tree, hashes, parent, bit)
+        return tree.extra
+
+    def _store_blocks(self, src: _Source, shelf: _Shelf, ts_ns: int, hashes: list[int],
+                      run: list[int]) -> None:  # fmt: skip
+        """``_store``'s cache part block by block: anything but the usual event."""
+        born, last, more = shelf.born, shelf.last, shelf.more
+        on_source, counts, evicted = src.on_source, src.counts, src.evicted
+        reuse, restore = src.hist["reuse_gap"], src.hist["restore_gap"]
+        tree, bit = src.tree, src.bit
+        held = tree.held
+        recomputed = routing = both = new = reannounced = copies = 0
+        for block in hashes:
+            stored_at = born.get(block)
+            if stored_at is not None:
+                # Stored while held here: a hit re-announced (report mode full) when in a
+                # later batch than the store that made it held; in the same batch, two
+                # requests computed it at once, and it is a second physical copy.
+                reannounced += 1
+                reuse.append(ts_ns - last.get(block, stored_at))
+                last[block] = ts_ns
+                if stored_at == ts_ns:
+                    more[block] = more.get(block, 0) + 1
+                    copies += 1
+                continue
+            born[block] = ts_ns
+            copies += 1
+            if on_source is not None:
+                n = on_source.get(block, 0)
+                on_source[block] = n + 1
+                if n:
+                    continue  # on another medium or group of this source already
+            new += 1
+            removed_at = evicted.pop(block, None) if evicted else None
+            mask = held.get(block, 0) & ~bit
+            if removed_at is not None:
+                recomputed += 1
+                restore.append(ts_ns - removed_at)
+            if mask:
+                routing += 1  # another source of this engine kind holds it
+                if removed_at is not None:
+                    both += 1
+                tree.extra += 1
+                if mask & (mask - 1) == 0:
+                    tree.duplicated += 1
+            held[block] = mask | bit
+        if tree.extra > tree.peak:
+            tree.peak = tree.extra
+        shelf.copies += copies
+        counts[_STORED] += len(hashes)
+        counts[_REANNOUNCED] += reannounced
+        counts[_NEW] += new
+        counts[_RECOMPUTED] += recomputed
+        counts[_ROUTING] += routing
+        counts[_BOTH] += both
+        run[0] += len(hashes)
+        run[2] += recomputed
+        run[3] += routing
+
+    def _grow(self, tree: _Tree, hashes: list[int], parent: int | None, bit: int, *,
+              distinct: bool = False) -> None:  # fmt: skip
+        """The prefix tree: every block ever stored, chained to its parent (``distinct``:
+        no hash twice in ``hashes``)."""
         nodes = tree.nodes
-        # Every hash is a block event stored and a copy on the shelf: counted once.
-        stored = copies = len(hashes)
-        recomputed = routing = both = new = created = reannounced = 0
+        n = len(hashes)
+        if nodes.keys().isdisjoint(hashes) and (distinct or len(set(hashes)) == n):
+            # A chain of new blocks, made in C: block i's parent is block i-1, it has
+            # one child (the last none) and n - i blocks under it.
+            above = nodes.get(parent) if parent is not None else None
+            if above is not None:
+                depth = above[1]
+                above[2] += 1
+                if above[2] == 2:
+                    tree.branch_points.add(parent)
+            else:
+                depth = 0
+                tree.roots += 1
+            if depth + n > tree.max_depth:
+                tree.max_depth = depth + n
+            parents = [parent, *hashes[:-1]]
+            kids = [1] * n
+            kids[-1] = 0
+            nodes.update(
+                zip(
+                    hashes,
+                    map(list, zip(parents, range(depth + 1, depth + n + 1), kids,
+                                  range(n, 0, -1), repeat(bit, n), strict=True)),
+                    strict=True,
+                )
+            )  # fmt: skip
+            self._above(tree, parent, n)
+            return
         chain = []
+        created = 0
         par = parent
         for block in hashes:
-            # the prefix tree: every block ever stored, chained to its parent
             node = nodes.get(block)
             if node is None:
                 above = nodes.get(par) if par is not None and par != block else None
@@ -351,102 +600,132 @@ class FleetState:
                     tree.roots += 1
                 if depth > tree.max_depth:
                     tree.max_depth = depth
-                node = nodes[block] = [par, depth, 0, 0, bit, 0]  # subtree 0: new
+                node = nodes[block] = [par, depth, 0, 0, bit]  # subtree 0: new
                 created += 1
             else:
                 node[4] |= bit
             chain.append(node)
             par = block
-            # the source's cache: copies per (medium, group, hash)
-            entry = shelf.get(block)
-            if entry is not None:
-                entry[0] += 1
-                reannounced += 1
-                reuse.append(ts_ns - entry[2])
-                entry[2] = ts_ns
-                continue
-            shelf[block] = [1, ts_ns, ts_ns]
-            if on_source is not None:
-                n = on_source.get(block, 0)
-                on_source[block] = n + 1
-                if n:
-                    continue  # on another medium or group of this source already
-            new += 1
-            removed_at = evicted.pop(block, None) if evicted else None
-            mask = node[5] & ~bit
-            if removed_at is not None:
-                recomputed += 1
-                restore.append(ts_ns - removed_at)
-            if mask:
-                routing += 1  # another source of this engine kind holds it
-                if removed_at is not None:
-                    both += 1
-                tree.extra += 1
-                if mask & (mask - 1) == 0:
-                    tree.duplicated += 1
-            node[5] = mask | bit
-        if tree.extra > tree.peak:
-            tree.peak = tree.extra
-        src.copies[(m, g)] += copies
-        stats["stored"] += stored
-        stats["reannounced"] += reannounced
-        stats["new_blocks"] += new
-        stats["recomputed"] += recomputed
-        stats["routing_misses"] += routing
-        stats["both_misses"] += both
+        if not created:
+            return
         added = 0
-        # Only nodes made by this call have a subtree of 0: with none, nothing to add.
-        for node in reversed(chain) if created else ():
+        # Only nodes made by this call have a subtree of 0.
+        for node in reversed(chain):
             fresh = node[3] == 0
             node[3] += added + fresh
             added += fresh
-        if added:
-            self._prefixes_dirty = True
-            up = chain[0][0]
-            steps, limit = 0, len(nodes)
-            while up is not None and steps <= limit:  # the limit: a cycle of hashes stops
-                node = nodes.get(up)
-                if node is None:
-                    break
-                node[3] += added
-                up = node[0]
-                steps += 1
-        # one shelf (the usual source): it is what the source holds on its medium
-        live = len(shelf) if len(src.shelves) == 1 else None
-        self._note(src, source, m, ts_ns, stored, 0, recomputed, routing, live)
+        self._above(tree, chain[0][0], added)
 
-    def _release(self, tree: _Tree, block: int, bit: int) -> None:
-        """``block`` no longer held by the source of ``bit``."""
-        node = tree.nodes.get(block)
-        if node is None:
-            return
-        mask = node[5]
-        if not mask & bit:
-            return
-        mask &= ~bit
-        node[5] = mask
-        if mask:
-            tree.extra -= 1
-            if mask & (mask - 1) == 0:
-                tree.duplicated -= 1
+    def _above(self, tree: _Tree, up: int | None, added: int) -> None:
+        """``added`` blocks more under ``up`` and each of its ancestors."""
+        self._prefixes_dirty = True
+        nodes = tree.nodes
+        steps, limit = 0, len(nodes)
+        while up is not None and steps <= limit:  # the limit: a cycle of hashes stops
+            node = nodes.get(up)
+            if node is None:
+                break
+            node[3] += added
+            up = node[0]
+            steps += 1
 
-    def _remove(self, src: _Source, source: int, ts_ns: int, hashes: Sequence[int],
-                medium: str | None, group: int | None) -> None:  # fmt: skip
-        m = NO_MEDIUM if medium is None else medium
-        g = NO_GROUP if group is None else group
+    def _remove(self, src: _Source, ts_ns: int, hashes: list[int], m: str, g: int,
+                run: list[int]) -> int:  # fmt: skip
+        """Fold a BlockRemoved in; returns the fleet's extra copies after it."""
         shelf = src.shelves.get((m, g))
         if shelf is None:
             shelf = src.shelf(m, g)
-        on_source, stats, evicted = src.on_source, src.stats, src.evicted
+        born = shelf.born
+        n = len(hashes)
+        run[1] += n
+        counts = src.counts
+        counts[_REMOVED] += n  # a block event per hash, known or not
+        if n == 1 and src.on_source is None:
+            # One block held once (decode-like streams): as below, without the calls.
+            block = hashes[0]
+            stored_at = born.get(block)
+            if stored_at is not None and not (shelf.more and block in shelf.more):
+                del born[block]
+                shelf.copies -= 1
+                life = ts_ns - stored_at
+                hist = src.hist
+                hist["lifetime"].append(life)
+                last = shelf.last
+                hist["idle_before_evict"].append(
+                    ts_ns - last.pop(block, stored_at) if last else life
+                )
+                counts[_LIFE_COUNT] += 1
+                counts[_LIFE_SUM] += life / 1e9
+                evicted = src.evicted
+                evicted[block] = ts_ns
+                if len(evicted) > EVICTED_MEMORY:
+                    evicted.popitem(last=False)
+                tree, bit = src.tree, src.bit
+                held = tree.held
+                mask = held.get(block, 0)
+                if mask == bit:
+                    del held[block]
+                elif mask & bit:
+                    mask &= ~bit
+                    held[block] = mask
+                    tree.extra -= 1
+                    if mask & (mask - 1) == 0:
+                        tree.duplicated -= 1
+                return tree.extra
+        # The usual event: one copy of each, held on a one-shelf source: in C.
+        if (
+            src.on_source is None
+            and all(map(born.__contains__, hashes))
+            and (not shelf.more or shelf.more.keys().isdisjoint(hashes))
+        ):
+            births = list(map(born.pop, hashes, repeat(None)))
+            if None not in births:
+                shelf.copies -= n
+                lives = list(map(sub, repeat(ts_ns, n), births))
+                hist = src.hist
+                hist["lifetime"] += lives
+                last = shelf.last
+                if last and not last.keys().isdisjoint(hashes):
+                    hist["idle_before_evict"] += [
+                        ts_ns - last.pop(h, b) for h, b in zip(hashes, births, strict=True)
+                    ]
+                else:
+                    hist["idle_before_evict"] += lives
+                counts[_LIFE_COUNT] += n
+                counts[_LIFE_SUM] += (n * ts_ns - sum(births)) / 1e9
+                evicted = src.evicted
+                evicted.update(zip(hashes, repeat(ts_ns)))
+                if len(evicted) > EVICTED_MEMORY:
+                    _trim(evicted)
+                tree, bit = src.tree, src.bit
+                held = tree.held
+                masks = list(map(held.pop, hashes))
+                if masks.count(bit) != n:  # some are held by other sources too
+                    for h, mask in zip(hashes, masks, strict=True):
+                        mask &= ~bit
+                        if mask:
+                            held[h] = mask
+                            tree.extra -= 1
+                            if mask & (mask - 1) == 0:
+                                tree.duplicated -= 1
+                return tree.extra
+            # a hash twice in the event: put back, and taken block by block
+            born.update((h, b) for h, b in zip(hashes, births, strict=True) if b is not None)
+        self._remove_blocks(src, shelf, ts_ns, hashes)
+        return src.tree.extra
+
+    def _remove_blocks(self, src: _Source, shelf: _Shelf, ts_ns: int,
+                       hashes: list[int]) -> None:  # fmt: skip
+        """``_remove`` block by block: anything but the usual event."""
+        born, last, more = shelf.born, shelf.last, shelf.more
+        on_source, counts, evicted = src.on_source, src.counts, src.evicted
         lifetimes, idle = src.hist["lifetime"], src.hist["idle_before_evict"]
-        nodes = src.tree.nodes
         tree, bit = src.tree, src.bit
-        removed = len(hashes)  # a block event per hash, known or not
-        copies = life_ns = unknown = 0
-        lives = len(lifetimes)
+        held = tree.held
+        copies = life_ns = unknown = lives = 0
         for block in hashes:
-            entry = shelf.get(block)
-            if entry is None:
+            stored_at = born.get(block)
+            if stored_at is None:
                 unknown += 1
                 if on_source is None or block not in on_source:
                     evicted[block] = ts_ns
@@ -455,53 +734,68 @@ class FleetState:
                         evicted.popitem(last=False)
                 continue
             copies += 1
-            entry[0] -= 1
-            if entry[0] > 0:
+            extra = more.get(block)
+            if extra:
+                if extra == 1:
+                    del more[block]
+                else:
+                    more[block] = extra - 1
                 continue  # another physical copy still holds it
-            del shelf[block]
-            life = ts_ns - entry[1]
+            del born[block]
+            life = ts_ns - stored_at
             life_ns += life
+            lives += 1
             lifetimes.append(life)
-            idle.append(ts_ns - entry[2])
+            idle.append(ts_ns - last.pop(block, stored_at))
             if on_source is not None:
-                n = on_source[block] - 1
-                if n:
-                    on_source[block] = n
+                k = on_source[block] - 1
+                if k:
+                    on_source[block] = k
                     continue
                 del on_source[block]
             evicted[block] = ts_ns
             if len(evicted) > EVICTED_MEMORY:
                 evicted.popitem(last=False)
-            node = nodes.get(block)  # the fleet: this source no longer holds it
-            if node is not None and node[5] & bit:
-                mask = node[5] & ~bit
-                node[5] = mask
+            mask = held.get(block, 0)  # the fleet: this source no longer holds it
+            if mask & bit:
+                mask &= ~bit
                 if mask:
+                    held[block] = mask
                     tree.extra -= 1
                     if mask & (mask - 1) == 0:
                         tree.duplicated -= 1
-        src.copies[(m, g)] -= copies
-        stats["removed"] += removed
-        stats["removed_unknown"] += unknown
-        stats["lifetime_count"] += len(lifetimes) - lives
-        stats["lifetime_sum_s"] += life_ns / 1e9
-        live = len(shelf) if len(src.shelves) == 1 else None
-        self._note(src, source, m, ts_ns, 0, removed, 0, 0, live)
+                else:
+                    del held[block]
+        shelf.copies -= copies
+        counts[_UNKNOWN] += unknown
+        counts[_LIFE_COUNT] += lives
+        counts[_LIFE_SUM] += life_ns / 1e9
 
     def _clear(self, src: _Source, source: int, ts_ns: int, op: int) -> None:
-        src.stats["clears" if op == OP_CLEARED else "resets"] += 1
+        src.counts[_CLEARS if op == OP_CLEARED else _RESETS] += 1
         tree, bit = src.tree, src.bit
+        held = tree.held
         for block in src.all_held():
-            self._release(tree, block, bit)
+            mask = held.get(block, 0)
+            if mask & bit:
+                mask &= ~bit
+                if mask:
+                    held[block] = mask
+                    tree.extra -= 1
+                    if mask & (mask - 1) == 0:
+                        tree.duplicated -= 1
+                else:
+                    del held[block]
         for shelf in src.shelves.values():
-            shelf.clear()
+            shelf.born.clear()
+            shelf.last.clear()
+            shelf.more.clear()
+            shelf.copies = 0  # kept at 0 so a chart's line drops to 0
         if src.on_source is not None:
             src.on_source.clear()
         src.evicted.clear()  # a reset is not a capacity miss: what follows is a fresh cache
-        for key in src.copies:
-            src.copies[key] = 0  # kept at 0 so a chart's line drops to 0
         for m in {m for m, _ in src.shelves}:
-            self._note(src, source, m, ts_ns, 0, 0, 0, 0)
+            self._note(src, source, m, ts_ns, [0, 0, 0, 0], -1)
 
     # --- what the views read -------------------------------------------------------------
 
@@ -530,12 +824,12 @@ class FleetState:
         conn.executemany(
             f"INSERT OR REPLACE INTO watch_source_stats (run_id, source, {stat_names}) "
             f"VALUES ({r}, ?, {', '.join('?' * len(STAT_COLUMNS))})",
-            [(i, *(s.stats[c] for c in STAT_COLUMNS)) for i, s in self.sources.items()],
+            [(i, *s.counts) for i, s in self.sources.items()],
         )
         conn.executemany(
             f"INSERT OR REPLACE INTO watch_live VALUES ({r}, ?, ?, ?, ?, ?)",
             [
-                (i, m, g, len(shelf), s.copies[(m, g)])
+                (i, m, g, len(shelf.born), shelf.copies)
                 for i, s in self.sources.items()
                 for (m, g), shelf in s.shelves.items()
             ],
@@ -612,10 +906,10 @@ def _prune(tree: _Tree, count: int) -> None:
     """Forget up to ``count`` of the oldest leaves that no source holds: a week-long
     watch's tree stays bounded; the figures above them (children seen, blocks
     stored under) keep what they counted."""
-    nodes = tree.nodes
+    nodes, held = tree.nodes, tree.held
     gone = []
     for block, node in nodes.items():
-        if not node[2] and not node[5]:
+        if not node[2] and block not in held:
             gone.append(block)
             if len(gone) >= count:
                 break

@@ -53,9 +53,10 @@ def test_misses_on_a_fleet_whose_answer_is_known(tmp_path: Path) -> None:
         _row(0, 2.0, OP_REMOVED, turn),
         _row(0, 5.0, OP_STORED, turn, parent=prompt[-1]),  # 5 recomputed, 3 s after
         _row(2, 6.0, OP_STORED, turn, parent=prompt[-1]),  # 5 routing misses
-        # Copies, not hashes: stored twice, removed twice, gone only at the second.
+        # Copies, not hashes: stored twice in one batch (two requests computed it in
+        # one step), removed twice, gone only at the second.
         _row(1, 7.0, OP_STORED, [300]),
-        _row(1, 7.5, OP_STORED, [300]),
+        _row(1, 7.0, OP_STORED, [300]),
         _row(1, 8.0, OP_REMOVED, [300]),
         _row(1, 9.0, OP_REMOVED, [300]),
         _row(1, 9.5, OP_STORED, [300]),  # recomputed 0.5 s after, not a routing miss
@@ -91,17 +92,44 @@ def test_misses_on_a_fleet_whose_answer_is_known(tmp_path: Path) -> None:
     assert (dup.duplicated_blocks, dup.extra_copies, dup.extra_tokens) == (15, 15, 15 * BLOCK)
 
 
+def test_hits_re_announced_are_not_copies(tmp_path: Path) -> None:
+    """Report mode full: vLLM re-announces a request's hit blocks as BlockStored, and
+    removes each physical block once. Re-announcements in later batches must not
+    count as copies, or held blocks drift upward and never go."""
+    db, writer, run_id = _run(tmp_path / "w.db", sources=1)
+    rows = [
+        _row(0, 0.0, OP_STORED, [1, 2, 3]),
+        _row(0, 1.0, OP_STORED, [1, 2]),  # a request that hit 1 and 2
+        _row(0, 2.0, OP_STORED, [1, 2, 3]),  # and another that hit all three
+        _row(0, 2.0, OP_STORED, [4], parent=3),  # its new block
+        _row(0, 3.0, OP_REMOVED, [1, 2, 3]),  # evicted: one removal per physical block
+    ]
+    writer.write(WatchBatch(blocks=rows))
+    (stats,) = q.block_stats(db, run_id)
+    assert stats.reannounced == 5 and stats.new_blocks == 4
+    assert stats.cached == {"GPU": 1} == stats.copies  # only 4 is left, one copy
+    assert (stats.lifetime_count, stats.removed_unknown) == (3, 0)
+    assert stats.lifetime_mean_s == 3.0
+    writer.write(WatchBatch(blocks=[_row(0, 4.0, OP_STORED, [1])]))
+    (stats,) = q.block_stats(db, run_id)
+    db.conn.close()
+    assert stats.recomputed == 1  # gone at 3 s, so stored again it is prefill paid again
+
+
 def _reference(rows: list[tuple]) -> dict[int, dict[str, int]]:
     """The per-source figures by the definitions, with plain sets: what the
-    aggregates must equal."""
+    aggregates must equal. A hash stored again while held is a second physical
+    copy when in the batch (timestamp) that stored it, a hit re-announced
+    (report mode full, no copy) when later."""
     copies: dict[int, dict] = defaultdict(lambda: defaultdict(int))  # src -> (medium, h) -> n
+    born: dict[int, dict] = defaultdict(dict)  # src -> (medium, h) -> stored at
     removed: dict[int, set] = defaultdict(set)
     out: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
     def held(src: int, h: int) -> bool:
         return any(n for (m, x), n in copies[src].items() if x == h)
 
-    for src, _, _, op, text, _, medium, _, _ in rows:
+    for src, _, ts, op, text, _, medium, _, _ in rows:
         hashes = [] if text is None else [int(x) for x in text.strip("[]").split(",") if x]
         stats = out[src]
         if op == OP_CLEARED:
@@ -113,11 +141,15 @@ def _reference(rows: list[tuple]) -> dict[int, dict[str, int]]:
             if op == OP_STORED:
                 if copies[src][key]:
                     stats["reannounced"] += 1
+                    if born[src][key] != ts:
+                        continue  # re-announced: no new copy
                 elif not held(src, h):
                     stats["new"] += 1
                     stats["recomputed"] += h in removed[src]
                     stats["routing"] += any(held(o, h) for o in list(copies) if o != src)
                     removed[src].discard(h)
+                if not copies[src][key]:
+                    born[src][key] = ts
                 copies[src][key] += 1
             else:
                 if not copies[src][key]:
@@ -134,19 +166,23 @@ def _reference(rows: list[tuple]) -> dict[int, dict[str, int]]:
 
 
 def _random_fleet(seed: int, n: int = 3000) -> list[tuple]:
+    """Batches of 1-4 events of one source at one timestamp, as an engine's step sends."""
     rng = random.Random(seed)
     rows = []
-    for i in range(n):
+    t = 0.0
+    while len(rows) < n:
         src = rng.randrange(4)
-        r = rng.random()
-        medium = "CPU" if rng.random() < 0.15 else "GPU"
-        hashes = [rng.randrange(60) for _ in range(rng.randint(1, 4))]
-        if r < 0.003:
-            rows.append(_row(src, i / 100, OP_CLEARED))
-        elif r < 0.55:
-            rows.append(_row(src, i / 100, OP_STORED, hashes, medium=medium))
-        else:
-            rows.append(_row(src, i / 100, OP_REMOVED, hashes, medium=medium))
+        t += 0.01
+        for _ in range(rng.randint(1, 4)):
+            r = rng.random()
+            medium = "CPU" if rng.random() < 0.15 else "GPU"
+            hashes = [rng.randrange(60) for _ in range(rng.randint(1, 4))]
+            if r < 0.003:
+                rows.append(_row(src, t, OP_CLEARED))
+            elif r < 0.55:
+                rows.append(_row(src, t, OP_STORED, hashes, medium=medium))
+            else:
+                rows.append(_row(src, t, OP_REMOVED, hashes, medium=medium))
     return rows
 
 
