@@ -26,7 +26,6 @@ into, instead of rebuilding every request's page list.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -366,10 +365,11 @@ class DecodeTable:
 
     While the same requests decode in the same order, their page lists only grow at
     the end (``KVCacheManager.grow`` extends the list in place), so the next step's
-    table is this one with the few new pages inserted: one ``np.insert``, not a
-    Python concatenation of every request's pages (at batch 128 and 17 pages each,
-    most of a step's host time). Any other step (admission, finish, preemption, a
-    prefill chunk: a different request list, or a page list replaced) rebuilds it.
+    table is this one with the few new pages inserted (one ``np.insert``) instead of
+    every request's pages concatenated in Python and converted to an array again (at
+    batch 128 and 17 pages each, the largest part of staging a step). A different
+    request list (admission, finish, preemption) or a replaced page list (swap-in, a
+    prefix match) rebuilds it; so does every step that is not a plain decode.
     """
 
     __slots__ = ("requests", "page_lists", "counts", "flat", "indptr", "rebuilds", "updates")
@@ -377,68 +377,94 @@ class DecodeTable:
     def __init__(self) -> None:
         self.requests: list = []
         self.page_lists: list[list[int]] = []
-        self.counts = np.zeros(0, np.int64)  # pages in the table per request
+        self.counts: list[int] = []  # pages in the table per request
         self.flat = np.zeros(0, np.int32)
         self.indptr = np.zeros(1, np.int64)
         self.rebuilds = 0  # steps that built the table from every page list
-        self.updates = 0  # steps that inserted only new pages
+        self.updates = 0  # steps that kept it, inserting only new pages
 
     def clear(self) -> None:
         self.requests = []
         self.page_lists = []
 
-    def build(
-        self, requests: list, page_lists: list[list[int]], counts: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(kv_indices, kv_indptr) holding each request's first ``counts[i]`` pages."""
-        if (
-            requests == self.requests
-            and all(map(operator.is_, page_lists, self.page_lists))
-            and (counts >= self.counts).all()
-        ):
-            grew = np.flatnonzero(counts != self.counts)
-            if len(grew):
-                old = self.counts
-                at: list[int] = []
-                pages: list[int] = []
-                ends = self.indptr[grew + 1].tolist()
-                for i, end in zip(grew.tolist(), ends, strict=True):
-                    new = page_lists[i][old[i] : counts[i]]
-                    pages += new
-                    at += [end] * len(new)
-                self.flat = np.insert(self.flat, at, pages)
-                indptr = np.zeros(len(counts) + 1, np.int64)
-                np.cumsum(counts, out=indptr[1:])
-                self.indptr = indptr
-            self.updates += 1
-        else:
-            flat: list[int] = []
-            for pl, c in zip(page_lists, counts.tolist(), strict=True):
-                flat += pl[:c]
-            self.flat = np.asarray(flat, dtype=np.int32)
-            indptr = np.zeros(len(counts) + 1, np.int64)
-            np.cumsum(counts, out=indptr[1:])
-            self.indptr = indptr
-            self.requests = list(requests)
-            self.page_lists = list(page_lists)
-            self.rebuilds += 1
-        self.counts = counts
+    def kept_for(self, requests: list) -> bool:
+        """Whether the table holds these requests, in this order (their page lists are
+        checked one by one as the step is built)."""
+        return requests == self.requests
+
+    def update(self, counts: list[int], grew: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The kept table with rows ``grew`` extended to ``counts`` pages."""
+        if grew:
+            old = self.counts
+            at: list[int] = []
+            pages: list[int] = []
+            ends = self.indptr
+            for i in grew:
+                new = self.page_lists[i][old[i] : counts[i]]
+                pages += new
+                at += [int(ends[i + 1])] * len(new)
+            self.flat = np.insert(self.flat, at, pages)
+            self.indptr = _indptr(counts)
+            self.counts = counts
+        self.updates += 1
         return self.flat, self.indptr
+
+    def rebuild(self, requests: list, counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """A table of each request's first ``counts[i]`` pages, kept for the next step."""
+        page_lists = [req.pages for req in requests]
+        flat: list[int] = []
+        for pages, c in zip(page_lists, counts, strict=True):
+            flat += pages[:c]
+        self.flat = np.asarray(flat, dtype=np.int32)
+        self.indptr = _indptr(counts)
+        self.requests = list(requests)
+        self.page_lists = page_lists
+        self.counts = counts
+        self.rebuilds += 1
+        return self.flat, self.indptr
+
+
+def _indptr(counts: list[int]) -> np.ndarray:
+    indptr = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return indptr
 
 
 def _decode_rows(
     requests: list, ps: int, all_logits: bool, table: DecodeTable | None = None
 ) -> _Rows:
-    """A step of one new token per request. A row whose position is past the request's
-    known tokens is fed its token by the step in flight (async scheduling): staged as 0,
-    and it samples. ``table`` keeps the page table from the last decode step (None:
-    built afresh)."""
+    """A step of one new token per request, in plain Python: at decode batch sizes that is
+    faster than a dozen array operations on tiny arrays. A row whose position is past the
+    request's known tokens is fed its token by the step in flight (async scheduling):
+    staged as 0, and it samples. ``table`` keeps the page table from the last decode
+    step (None: built afresh)."""
     tokens: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    last: list[int] = []
+    kv_lens: list[int] = []
+    counts: list[int] = []
     rows: list[int] = []
     sampling: list[Request] = []
-    positions = [req.num_computed for req in requests]
+    if table is None:
+        table = DecodeTable()
+    kept = table.kept_for(requests)
+    lists, old = table.page_lists, table.counts
+    grew: list[int] = []
     for i, req in enumerate(requests):
-        pos = positions[i]
+        pos = req.num_computed
+        pages = req.pages
+        k, off = divmod(pos, ps)
+        positions.append(pos)
+        slots.append(pages[k] * ps + off)
+        last.append(off + 1)
+        kv_lens.append(pos + 1)
+        counts.append(k + 1)
+        if kept:
+            if pages is not lists[i] or k + 1 < old[i]:
+                kept = False
+            elif k + 1 != old[i]:
+                grew.append(i)
         prompt = req.prompt_ids
         p = len(prompt)
         n = p + len(req.output_ids)
@@ -450,14 +476,8 @@ def _decode_rows(
                 continue
         rows.append(i)
         sampling.append(req)
-    pos = np.asarray(positions, dtype=np.int64)
-    k = pos // ps
-    off = pos - k * ps
-    page_lists = [req.pages for req in requests]
-    flat, indptr = (table or DecodeTable()).build(requests, page_lists, k + 1)
-    # Each row's last page in the table is the one its new token goes to.
-    slots = flat[indptr[1:] - 1].astype(np.int64) * ps + off
-    return _Rows(tokens, pos, slots, flat, indptr, off + 1, (pos + 1).tolist(), rows, sampling)
+    flat, indptr = table.update(counts, grew) if kept else table.rebuild(requests, counts)
+    return _Rows(tokens, positions, slots, flat, indptr, last, kv_lens, rows, sampling)
 
 
 def _chunk_rows(requests: list, num_new: list[int], ps: int, all_logits: bool) -> _Rows:

@@ -28,7 +28,7 @@ from engine.engine_config import EngineConfig
 from engine.errors import KvscopeError
 from engine.events import EventBus
 from engine.request import Request
-from engine.runner import DecodeTable
+from engine.runner import DecodeTable, _decode_rows
 from engine.sampler import SampledTokens, SamplingParams
 
 COMMON = (10, 12, 14, 23, 60)
@@ -154,22 +154,33 @@ def test_the_page_probe_agrees_with_the_pool_ahead_of_the_tokens():
 
 def test_incremental_page_table_equals_a_rebuilt_one():
     rng = random.Random(3)
-    pages = [[rng.randrange(1000) for _ in range(rng.randrange(1, 4))] for _ in range(9)]
-    reqs = [object() for _ in pages]
+    ps = 4
+    reqs = []
+    for i in range(9):
+        req = Request(i, [1] * rng.randrange(1, 12), SamplingParams(), 0)
+        req.num_computed = len(req.prompt_ids) - 1
+        req.pages = [rng.randrange(1000) for _ in range(req.num_computed // ps + 1)]
+        reqs.append(req)
     kept = DecodeTable()
-    counts = np.array([len(p) for p in pages])
+
+    def same_as_fresh() -> None:
+        got = _decode_rows(reqs, ps, True, kept)
+        fresh = _decode_rows(reqs, ps, True)
+        assert np.array_equal(got.flat, fresh.flat) and np.array_equal(got.indptr, fresh.indptr)
+        assert got.slots == fresh.slots
+
     for _ in range(40):
-        for i, pl in enumerate(pages):  # some requests start a new page this step
-            if rng.random() < 0.3:
-                pl.append(rng.randrange(1000))
-                counts[i] = len(pl)
-        flat, indptr = kept.build(reqs, pages, counts.copy())
-        fresh_flat, fresh_ptr = DecodeTable().build(reqs, pages, counts.copy())
-        assert np.array_equal(flat, fresh_flat) and np.array_equal(indptr, fresh_ptr)
+        for req in reqs:  # each decodes one more token; some start a new page
+            req.num_computed += 1
+            req.output_ids.append(1)
+            if req.num_computed // ps == len(req.pages):
+                req.pages.append(rng.randrange(1000))
+        same_as_fresh()
     assert kept.rebuilds == 1 and kept.updates == 39
-    pages[4] = list(pages[4])  # a page list replaced (preemption, swap-in): rebuilt
-    kept.build(reqs, pages, counts.copy())
-    kept.build(reqs[1:], pages[1:], counts[1:].copy())  # a request left: rebuilt
+    reqs[4].pages = list(reqs[4].pages)  # a page list replaced (swap-in, a prefix match)
+    same_as_fresh()
+    del reqs[2]  # a request left
+    same_as_fresh()
     assert kept.rebuilds == 3
 
 
