@@ -45,7 +45,7 @@ from app.tui.panels import (
 )
 from app.tui.playback import Playback, default_speed
 from app.tui.quit_screen import DETACH, STOP, QuitScreen
-from app.tui.requests_table import COLUMNS, RequestsTable
+from app.tui.requests_table import RequestsTable
 from app.tui.run_picker import RunPicker
 from app.tui.timeline import Timeline
 from app.tui.watch_view import WatchView
@@ -406,8 +406,7 @@ class KvscopeApp(App[None]):
         self.selected_request = None
 
     def action_sort(self) -> None:
-        table = self.query_one(RequestsTable)
-        table.sort_column = (table.sort_column + 1) % len(COLUMNS)
+        self.query_one(RequestsTable).sort_next()
 
     # --- position and playback ---------------------------------------------------------
 

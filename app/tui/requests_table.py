@@ -4,6 +4,10 @@ Rows are rebuilt only when the requests changed, in the chosen order (the
 table's own sort would compare formatted text), the first MAX_ROWS of them; the cursor stays on the same
 request across rebuilds (unless it is on the top row, which it keeps). Enter or
 a click selects a request, which the page map then highlights.
+
+The table never scrolls sideways: its columns are one character apart (a sorted
+figure's arrow takes that place), and where the panel is too narrow for all of them
+the least useful give way (``Column.keep``), named in the border's subtitle.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from db.requests import RequestState
 class Column:
     key: str  # RequestState field the column shows and sorts by ("misses.x": a field of it)
     label: str
-    width: int
+    width: int  # of its widest figure; one more on screen, for the gap before it
+    keep: int  # the narrower the panel, the fewer columns: those with the highest keep stay
+    right: bool = True  # right-aligned, the gap on its left (else left-aligned, gap after)
 
 
 def field_value(r: RequestState, key: str):
@@ -35,22 +41,35 @@ def field_value(r: RequestState, key: str):
 
 
 COLUMNS = (
-    Column("request_id", "id", 5),
-    Column("state", "state", 9),
-    Column("prompt_tokens", "prompt", 6),
-    Column("output_tokens", "out", 5),
-    Column("cached_tokens", "cached", 6),
-    Column("pages", "pages", 5),  # held, shared ones included (the split: last columns)
-    Column("ttft_s", "TTFT", 8),
-    Column("tpot_s", "TPOT", 8),
-    Column("preemptions", "pre", 3),
+    Column("request_id", "id", 5, 13, right=False),
+    Column("state", "state", 9, 12, right=False),
+    Column("prompt_tokens", "prompt", 6, 11),
+    Column("output_tokens", "out", 5, 5),
+    Column("cached_tokens", "cached", 6, 6),
+    Column("pages", "pages", 5, 10),  # held, shared ones included (the split: last columns)
+    Column("ttft_s", "TTFT", 7, 7),
+    Column("tpot_s", "TPOT", 7, 3),
+    Column("preemptions", "pre", 3, 2),
     # Why its prompt tokens missed the prefix cache: the main reason, and the tokens that
     # more KV memory would have saved (engine/miss_reasons.py).
-    Column("misses.main", "missed", 11),
-    Column("misses.capacity", "cap", 5),
-    Column("shared_pages", "shr pg", 6),  # of its pages, those held with other requests
-    Column("would_free", "frees", 5),  # pages back to the free list if it finished now
+    Column("misses.main", "missed", 11, 9),
+    Column("misses.capacity", "cap", 5, 1),
+    Column("shared_pages", "shr pg", 6, 8),  # of its pages, those held with other requests
+    Column("would_free", "frees", 5, 4),  # pages back to the free list if it finished now
 )
+
+
+def fitting(width: int) -> tuple[int, ...]:
+    """Indices of the columns shown in ``width`` cells, in table order: the most useful
+    (highest ``keep``) that fit, each taking its width and a gap."""
+    shown: list[int] = []
+    used = 0
+    for i in sorted(range(len(COLUMNS)), key=lambda i: -COLUMNS[i].keep):
+        if used + COLUMNS[i].width + 1 <= width:
+            shown.append(i)
+            used += COLUMNS[i].width + 1
+    return tuple(sorted(shown))
+
 
 # Rows shown at most (the first in the chosen order): refilling a table costs
 # time per row, and the UI must stay light however long the run.
@@ -74,6 +93,9 @@ def row_cells(r: RequestState) -> tuple[Text, ...]:
     def right(value: str) -> Text:
         return Text(value, justify="right")
 
+    def seconds(value: float | None) -> Text:
+        return right(fmt.seconds(value).replace(" ", ""))  # "12.3ms": narrower
+
     return (
         Text.assemble(("■ ", owner_colour(r.request_id)), str(r.request_id)),
         Text(r.state, style=STATE_STYLES[r.state]),
@@ -81,10 +103,10 @@ def row_cells(r: RequestState) -> tuple[Text, ...]:
         right(fmt.count(r.output_tokens)),
         right(fmt.count(r.cached_tokens)),
         right(fmt.count(r.pages)),
-        right(fmt.seconds(r.ttft_s)),
-        right(fmt.seconds(r.tpot_s)),
+        seconds(r.ttft_s),
+        seconds(r.tpot_s),
         right(str(r.preemptions)),
-        Text(field_value(r, "misses.main") or fmt.MISSING),
+        right(field_value(r, "misses.main") or fmt.MISSING),
         right(fmt.count(field_value(r, "misses.capacity"))),
         right(fmt.count(r.shared_pages)),
         right(fmt.count(r.would_free)),
@@ -104,13 +126,34 @@ class RequestsTable(DataTable):
     sort_reverse: reactive[bool] = reactive(False)
     """Descending order (most pages, slowest TTFT first)."""
 
+    visible: reactive[tuple[int, ...]] = reactive(tuple(range(len(COLUMNS))))
+    """Indices into COLUMNS of the columns shown: those that fit the panel's width."""
+
     def __init__(self, **kw) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kw)
+        # No cell padding: each column carries its own one-character gap (``Column.right``).
+        super().__init__(cursor_type="row", zebra_stripes=True, cell_padding=0, **kw)
         self._shown: list[RequestState] = []  # the rows on screen, in order
 
     def on_mount(self) -> None:
-        for column in COLUMNS:
-            self.add_column(column.label, width=column.width, key=column.key)
+        self._add_columns()
+
+    def on_resize(self) -> None:
+        self.visible = fitting(self.scrollable_content_region.width)
+
+    def watch_visible(self) -> None:
+        if not self.is_mounted:
+            return
+        self.clear(columns=True)
+        self._shown = []
+        self._add_columns()
+        self._rebuild()
+
+    def _add_columns(self) -> None:
+        for i in self.visible:
+            column = COLUMNS[i]
+            self.add_column(column.label, width=column.width + 1, key=column.key)
+        hidden = [COLUMNS[i].label for i in range(len(COLUMNS)) if i not in self.visible]
+        self.border_subtitle = f"wider for {', '.join(hidden)}" if hidden else ""
         self._relabel()
 
     def watch_requests(self) -> None:
@@ -131,6 +174,11 @@ class RequestsTable(DataTable):
         else:
             self.sort_column = index
 
+    def sort_next(self) -> None:
+        """Order by the next column shown (the sort key)."""
+        later = [i for i in self.visible if i > self.sort_column]
+        self.sort_column = later[0] if later else self.visible[0]
+
     def ordered(self) -> list[RequestState]:
         """The requests in display order (a missing figure sorts below every number)."""
         key = COLUMNS[self.sort_column].key
@@ -145,9 +193,14 @@ class RequestsTable(DataTable):
     def _relabel(self) -> None:
         if not self.columns:
             return
-        for i, column in enumerate(COLUMNS):
+        for i in self.visible:
+            column = COLUMNS[i]
             arrow = ("▼" if self.sort_reverse else "▲") if i == self.sort_column else ""
-            self.columns[column.key].label = Text(column.label + arrow)
+            if column.right:  # the arrow takes the gap's place
+                label = (arrow or " ") + column.label.rjust(column.width)
+            else:
+                label = column.label + arrow
+            self.columns[column.key].label = Text(label)
         self.refresh()
 
     def _rebuild(self) -> None:
@@ -162,14 +215,16 @@ class RequestsTable(DataTable):
         if [r.request_id for r in ordered] == [r.request_id for r in self._shown]:
             for new, old in zip(ordered, self._shown, strict=True):
                 if new != old:
-                    for column, cell in zip(COLUMNS, row_cells(new), strict=True):
-                        self.update_cell(str(new.request_id), column.key, cell)
+                    cells = row_cells(new)
+                    for i in self.visible:
+                        self.update_cell(str(new.request_id), COLUMNS[i].key, cells[i])
         else:
             # The cursor follows its request when the user moved it; at the top it stays there.
             cursor = self.cursor_request() if self.cursor_row > 0 else None
             self.clear()
             for r in ordered:
-                self.add_row(*row_cells(r), key=str(r.request_id))
+                cells = row_cells(r)
+                self.add_row(*(cells[i] for i in self.visible), key=str(r.request_id))
             if cursor is not None and str(cursor) in self.rows:
                 self.move_cursor(row=self.get_row_index(str(cursor)), animate=False, scroll=False)
         self._shown = ordered
@@ -183,4 +238,4 @@ class RequestsTable(DataTable):
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         event.stop()
-        self.sort_by(event.column_index)
+        self.sort_by(self.visible[event.column_index])

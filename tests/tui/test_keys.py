@@ -138,9 +138,15 @@ async def test_sort_key_and_header_clicks_order_the_requests(recorded: Recorded)
         await goto_step(pilot, app, 60)
         table = app.query_one(RequestsTable)
 
+        shown = [c.key.value for c in table.ordered_columns]  # the columns that fit
+
         def column(key: str) -> list:
-            index = [c.key for c in COLUMNS].index(key)
+            index = shown.index(key)
             return [table.get_row(row.key)[index].plain for row in table.ordered_rows]
+
+        def header(key: str) -> tuple[int, int]:  # a cell of its header, inside the border
+            before = table.ordered_columns[: shown.index(key)]
+            return (2 + sum(c.get_render_width(table) for c in before), 1)
 
         # Default: by state, requests holding the cache first, then by id.
         assert COLUMNS[table.sort_column].key == "state"
@@ -151,12 +157,12 @@ async def test_sort_key_and_header_clicks_order_the_requests(recorded: Recorded)
         assert COLUMNS[table.sort_column].key == "prompt_tokens"
         prompts = [int(v) for v in column("prompt_tokens")]
         assert prompts == sorted(prompts)
-        prompt_header = (2 + sum(c.width + 2 for c in COLUMNS[:2]), 1)  # inside the border
-        await pilot.click(RequestsTable, offset=prompt_header)  # the sorted column again: reverse
+        await pilot.click(
+            RequestsTable, offset=header("prompt_tokens")
+        )  # the sorted column again: reverse
         assert table.sort_reverse
         assert [int(v) for v in column("prompt_tokens")] == sorted(prompts, reverse=True)
-        ttft_header = (2 + sum(c.width + 2 for c in COLUMNS[:6]), 1)
-        await pilot.click(RequestsTable, offset=ttft_header)
+        await pilot.click(RequestsTable, offset=header("ttft_s"))
         assert COLUMNS[table.sort_column].key == "ttft_s"
 
 
