@@ -21,18 +21,20 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from db.schema import COMPLETE, RUNNING
+from db.schema import COMPLETE, FAILED, RUNNING
 from db.store import open_db
 from db.watch_queries import LAG_METRIC, PRESSURE_SOURCE, QUEUE_METRIC
 from db.watch_schema import EVENTS_SOURCE, METRICS_SOURCE, OP_RESET, WATCH_KIND
 from db.watch_writer import WatchBatch, WatchWriter
 from db.writer import create_run
+from engine.errors import KvscopeError
 from engine.events import now_ns
 from profiler.hardware import describe_versions
 from profiler.watch.prom_text import parse_labels
 from profiler.watch.rows import SourceAttrs, batch_rows
 from profiler.watch.subscriber import Stream
 from profiler.watch.wire import EventBatch
+from profiler.watch.writer_process import WriterProcess
 
 log = logging.getLogger(__name__)
 TRIM_EVERY_S = 60.0
@@ -80,6 +82,7 @@ class WatchRecorder:
         keep_raw_s: float | None = None,
         resume: bool = True,
         freeze_gc: bool = False,
+        writer_process: bool | None = None,
     ) -> None:
         self._db = open_db(db_path)
         previous = _resumable(self._db, config) if resume else None
@@ -125,11 +128,26 @@ class WatchRecorder:
                     self._stored_metrics[stored["endpoint"]] = stored["source"]
             first_index = 1 + max((r[names.index("source")] for r in rows), default=-1)
         self.resumed = previous is not None
-        self._writer = WatchWriter(self._db, self.run_id)
+        written = 0
         if self.resumed:
             (written,) = self._db.execute(
                 "SELECT events_written FROM runs WHERE id = ?", (self.run_id,)
             ).fetchone()
+        # A watching process of its own (kvscope watch: freeze_gc) writes from a child
+        # process, so that SQLite and the aggregates no longer share its GIL with the
+        # decoding (profiler.watch.writer_process); tests write from a thread.
+        self._process = freeze_gc if writer_process is None else writer_process
+        self._writer: WatchWriter | WriterProcess
+        if self._process:
+            try:
+                self._writer = WriterProcess(
+                    db_path, self.run_id, rows_written=written or 0, freeze_gc=freeze_gc
+                )
+            except BaseException:
+                self._db.conn.close()
+                raise
+        else:
+            self._writer = WatchWriter(self._db, self.run_id)
             self._writer.rows_written = written or 0
         self._indexes = itertools.count(first_index)
         self._streams: dict[int, Stream] = {}
@@ -315,6 +333,10 @@ class WatchRecorder:
             self._wake.wait(self._flush_interval_s)
             self._wake.clear()
             self.flush()
+            # A backlog is written a chunk at a time: a writer process writes one while
+            # the next is made (and the queue's depth shows what waits).
+            while len(self._batches) >= self._flush_at and not self._stop.is_set():
+                self.flush()
 
     def _take(self, queue: deque) -> list:
         return [queue.popleft() for _ in range(len(queue))]
@@ -340,7 +362,8 @@ class WatchRecorder:
                 (PRESSURE_SOURCE, stamp, QUEUE_METRIC, "", float(depth)),
                 (PRESSURE_SOURCE, stamp, LAG_METRIC, "", lag),
             ]
-        pending = self._take(self._batches)
+        queue = self._batches
+        pending = [queue.popleft() for _ in range(min(len(queue), self._flush_at))]
         self._room.set()
         ts_ns = self.ts_ns
         attrs = self._attrs
@@ -358,7 +381,9 @@ class WatchRecorder:
         batch.counters = [self._counters(stream) for stream in list(self._streams.values())]
         try:
             self._writer.write(batch, self.dropped_rows)
-            if self._freeze_gc:
+            if isinstance(self._writer, WriterProcess):
+                self._child_news()
+            elif self._freeze_gc:
                 gc.freeze()
         except Exception as exc:  # a full disk must not kill the thread: count, log, go on
             self.dropped_rows += len(batch.blocks) + len(batch.raw)
@@ -369,6 +394,15 @@ class WatchRecorder:
         if self._keep_raw_ns is not None and time.monotonic() - self._trimmed_at >= TRIM_EVERY_S:
             self.trim_raw()
         return len(batch.blocks) + len(batch.raw)
+
+    def _child_news(self) -> None:
+        """What the writer process reported: rows it could not write, and why."""
+        writer = self._writer
+        assert isinstance(writer, WriterProcess)
+        self.dropped_rows += writer.take_failed()
+        if writer.error is not None and self.error is None:
+            log.warning("kvscope watch: write failed, rows dropped: %s", writer.error)
+            self.error = KvscopeError(writer.error)
 
     def trim_raw(self) -> None:
         """Delete raw rows past ``keep_raw_s`` now."""
@@ -407,5 +441,22 @@ class WatchRecorder:
         if self._thread is not None:
             self._thread.join()
         self.flush()
-        self._writer.finish(status, self.dropped_rows)
+        while self._batches:
+            self.flush()
+        writer = self._writer
+        if isinstance(writer, WriterProcess):
+            writer.finish(status, self.dropped_rows)
+            self._child_news()
+            if writer.error is not None:
+                # The child died or failed: the run ended badly, whatever was asked, and
+                # says so itself (the child may not have been able to).
+                now = time.time()
+                self._db.execute(
+                    "UPDATE runs SET status = ?, ended_at = ?, heartbeat = ?, "
+                    "dropped_events = ? WHERE id = ?",
+                    (FAILED, now, now, self.dropped_rows, self.run_id),
+                )
+                self._db.conn.commit()
+        else:
+            writer.finish(status, self.dropped_rows)
         self._db.conn.close()

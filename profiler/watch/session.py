@@ -75,10 +75,13 @@ class WatchSession:
         keep_raw_s: float | None = None,
         resume: bool = True,
         freeze_gc: bool = False,
+        writer_process: bool | None = None,
     ) -> None:
+        # freeze_gc: this process is the watch's own (kvscope watch); its writer then
+        # runs in a child process unless writer_process says otherwise.
         self.recorder = WatchRecorder(
             db_path, dict(config or {}), model, keep_raw_s=keep_raw_s, resume=resume,
-            freeze_gc=freeze_gc,
+            freeze_gc=freeze_gc, writer_process=writer_process,
         )  # fmt: skip
         try:
             self.subscriber = Subscriber(specs, self.recorder)

@@ -40,10 +40,16 @@ def _rows(db: Path, sql: str, *args) -> list[tuple]:
         conn.close()
 
 
-def test_records_what_was_sent(tmp_path: Path, publishers) -> None:
+@pytest.mark.parametrize("writer_process", [False, True])
+def test_records_what_was_sent(tmp_path: Path, publishers, writer_process: bool) -> None:
+    """In a writer thread (tests, embedding) or a writer process (kvscope watch)."""
     rng = random.Random(1)
     pub = publishers(replay_endpoint="tcp://127.0.0.1:*", dp_rank=0)
-    session = _session(tmp_path / "w.db", expand_sources(pub.endpoint, replay=pub.replay_endpoint))
+    session = _session(
+        tmp_path / "w.db",
+        expand_sources(pub.endpoint, replay=pub.replay_endpoint),
+        writer_process=writer_process,
+    )
     pub.wait_for_subscribers()
     sent: list[tuple[int, int, int | None]] = []  # (op, hash, parent) in order
     parent = None
@@ -332,8 +338,12 @@ def test_the_live_line_leaves_no_stale_characters() -> None:
     assert _live("x", tty=False) == "x"
 
 
-@pytest.mark.parametrize("replay", [True, False])
-def test_a_watch_started_again_resumes_its_run(tmp_path: Path, publishers, replay: bool) -> None:
+@pytest.mark.parametrize(
+    ("replay", "writer_process"), [(True, False), (False, False), (True, True)]
+)
+def test_a_watch_started_again_resumes_its_run(
+    tmp_path: Path, publishers, replay: bool, writer_process: bool
+) -> None:
     """Stopped and started again on the same file: the same run carries on after its
     last recorded batch; what the replay buffer still has comes back, the rest is
     recorded lost; nothing twice; the cache state it had is where it starts."""
@@ -341,7 +351,7 @@ def test_a_watch_started_again_resumes_its_run(tmp_path: Path, publishers, repla
     specs = expand_sources(pub.endpoint, replay=pub.replay_endpoint if replay else None)
     config = {"sources": [s.endpoint for s in specs], "engine": "vllm"}
     db = tmp_path / "w.db"
-    first = _session(db, specs, config=config)
+    first = _session(db, specs, config=config, writer_process=writer_process)
     pub.wait_for_subscribers()
     for h in range(5):
         pub.publish([vllm_stored([h])])  # seq 0-4
@@ -351,7 +361,7 @@ def test_a_watch_started_again_resumes_its_run(tmp_path: Path, publishers, repla
     pub.publish([vllm_removed([0])])
     pub.publish([vllm_removed([1])])
     pub.publish([vllm_stored([7])])
-    second = _session(db, specs, config=config)
+    second = _session(db, specs, config=config, writer_process=writer_process)
     assert second.recorder.resumed and second.run_id == first.run_id
     pub.wait_for_subscribers()
     pub.publish([vllm_stored([8])])  # seq 8: the gap 5-7 is noticed
@@ -439,3 +449,68 @@ def test_a_replay_does_not_hold_up_the_other_sources(
     assert (status.gaps, status.lost_batches) == (1, 2)
     rows = _rows(tmp_path / "w.db", "SELECT seq FROM watch_blocks WHERE source = 0 ORDER BY rowid")
     assert rows == [(0,), (3,), (4,)]  # in order, after the gap
+
+
+def test_a_dead_writer_process_fails_the_run_and_keeps_what_it_wrote(
+    tmp_path: Path, publishers
+) -> None:
+    pub = publishers()
+    db = tmp_path / "w.db"
+    session = _session(db, expand_sources(pub.endpoint), writer_process=True)
+    pub.wait_for_subscribers()
+    pub.publish([vllm_stored([1, 2])])
+    wait_until(lambda: session.status().rows_written == 1)
+    session.recorder._writer._proc.kill()  # as the OOM killer would
+    pub.publish([vllm_stored([3])])
+    wait_until(lambda: session.error is not None)
+    assert "writer process died" in str(session.error)
+    session.stop()
+    assert _rows(db, "SELECT status FROM runs") == [("failed",)]
+    (stats,) = q.block_stats(db, session.run_id)  # readable, and consistent with its raw rows
+    assert stats.stored == 2 and _rows(db, "SELECT COUNT(*) FROM watch_blocks") == [(1,)]
+
+
+_WATCHER = """
+import sys, time
+from profiler.watch.session import WatchSession
+from profiler.watch.sources import expand_sources
+session = WatchSession(sys.argv[1], expand_sources(sys.argv[2]), writer_process=True).start()
+print(session.recorder._writer._proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_dead_watching_process_leaves_its_run_failed_and_resumable(
+    tmp_path: Path, publishers
+) -> None:
+    """kill -9 of kvscope watch: its writer process sees the pipe close, marks the run
+    failed (a later watch of the same sources resumes it) and exits."""
+    import signal
+    import subprocess
+    import sys
+
+    pub = publishers()
+    db = tmp_path / "w.db"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WATCHER, str(db), pub.endpoint],
+        cwd=root, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    child = int(proc.stdout.readline())
+    pub.wait_for_subscribers()
+    pub.publish([vllm_stored([1, 2])])
+    wait_until(lambda: _rows(db, "SELECT COUNT(*) FROM watch_blocks") == [(1,)], timeout_s=20)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    wait_until(lambda: _rows(db, "SELECT status FROM runs") == [("failed",)], timeout_s=20)
+
+    def gone() -> bool:  # exited (a zombie, until something reaps it, is gone too)
+        try:
+            return Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] == "Z"
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return True
+
+    wait_until(gone, timeout_s=20)
+    (stats,) = q.block_stats(db, 1)
+    assert stats.stored == 2

@@ -1,0 +1,207 @@
+"""The watch's SQLite writer and aggregates in a process of their own.
+
+Decoding the streams and folding them into the aggregates (``db.watch_aggregates``)
+are both Python work: in one process they share one GIL, and the writer's share
+(rows, SQLite inserts, folding) had held ``kvscope watch`` to a fraction of what
+two cores can take (issue 23). Here the watching process keeps the sockets,
+the sequence tracking and the rows, and hands each flush's ``WatchBatch`` to a
+child process that owns ``WatchWriter``: the next batch is built while the
+last one is written, and a batch waits in the watching process's queue (where
+its depth and lag are shown) while the child is busy.
+
+The child ignores SIGINT (Ctrl-C reaches the whole process group): the watching
+process stops it with a last write and ``finish``. If the watching process dies,
+the child sees its pipe close and marks the run failed, so the file is left
+readable and resumable; if the child dies, the watching process counts what it
+could not hand over as dropped and says why (``error``). Every transaction the
+child commits holds raw rows and their aggregates together, so a crash loses
+the batch in flight, never the consistency of what is on disk.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import signal
+from multiprocessing.connection import Connection
+from typing import Any
+
+from db.schema import FAILED
+from db.watch_writer import WatchBatch
+from engine.errors import KvscopeError
+
+START_TIMEOUT_S = 120.0  # spawning, imports and a resumed run's rebuild from its raw rows
+FINISH_TIMEOUT_S = 600.0  # the last batch and the final persist
+
+
+class WriterProcess:
+    """``WatchWriter``'s interface, served by a child process."""
+
+    def __init__(
+        self,
+        db_path: str | os.PathLike[str],
+        run_id: int,
+        *,
+        rows_written: int = 0,
+        freeze_gc: bool = False,
+    ) -> None:
+        self.run_id = run_id
+        self.rows_written = rows_written
+        self.failed_rows = 0  # rows the child could not write (or never got): dropped
+        self.trimmed_rows = 0
+        self.error: str | None = None  # why the child failed a write, or died
+        self._finished = False  # the child said it finished: its pipe's end is no news
+        ctx = mp.get_context("spawn")  # never fork: an SQLite connection must not cross it
+        self._pipe, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_serve,
+            args=(os.fspath(db_path), run_id, rows_written, freeze_gc, child),
+            name="kvscope-watch-writer",
+            daemon=True,
+        )
+        self._proc.start()
+        child.close()
+        if not self._pipe.poll(START_TIMEOUT_S):
+            self._proc.kill()
+            raise KvscopeError("the watch's writer process did not start")
+        try:
+            kind, detail = self._pipe.recv()
+        except EOFError:
+            kind, detail = "error", f"exit status {self._proc.exitcode}"
+        if kind != "ready":
+            self._proc.join(5)
+            raise KvscopeError(f"the watch's writer process failed: {detail}")
+
+    def _collect(self, wait_s: float = 0.0) -> Any:
+        """Read the child's answers so far (waiting up to ``wait_s`` for the first);
+        returns the last one, or None."""
+        last = None
+        if self._finished:
+            return None
+        try:
+            while self._pipe.poll(wait_s):
+                wait_s = 0.0
+                answer = self._pipe.recv()
+                last = answer
+                kind = answer[0]
+                if kind == "written":
+                    self.rows_written = answer[1]
+                elif kind == "failed":
+                    self.failed_rows += answer[1]
+                    self.error = answer[2]
+                elif kind == "trimmed":
+                    self.trimmed_rows += answer[1]
+                elif kind == "finished":
+                    self.rows_written = answer[1]
+                    self._finished = True
+                    break
+        except (EOFError, OSError):
+            self._died()
+        return last
+
+    def _died(self) -> None:
+        self._proc.join(1.0)
+        if self.error is None or self._proc.exitcode is not None:
+            self.error = f"the watch's writer process died (exit status {self._proc.exitcode})"
+
+    def _send(self, message: tuple, rows: int = 0) -> bool:
+        if self._proc.exitcode is not None:
+            self._died()
+            self.failed_rows += rows
+            return False
+        try:
+            self._pipe.send(message)
+            return True
+        except (BrokenPipeError, EOFError, OSError):
+            self._died()
+            self.failed_rows += rows
+            return False
+
+    def write(self, batch: WatchBatch, dropped_rows: int = 0) -> None:
+        """Hand ``batch`` over: returns once the child has it (while it writes the one
+        before, this waits: the back-pressure the recorder's queue shows)."""
+        self._collect()
+        self._send(("write", batch, dropped_rows), len(batch.blocks) + len(batch.raw))
+
+    def take_failed(self) -> int:
+        """Rows dropped since the last call."""
+        self._collect()
+        failed, self.failed_rows = self.failed_rows, 0
+        return failed
+
+    def trim_raw(self, before_ns: int) -> int:
+        """Ask the child to trim (``WatchWriter.trim_raw``); returns the rows trimmed
+        so far, as the child reported them."""
+        self._send(("trim", before_ns))
+        self._collect()
+        trimmed, self.trimmed_rows = self.trimmed_rows, 0
+        return trimmed
+
+    def finish(self, status: str, dropped_rows: int) -> None:
+        """Mark the run ended and stop the child (after it wrote what it was given)."""
+        if self._send(("finish", status, dropped_rows)):
+            while self._proc.is_alive() or self._pipe.poll(0):
+                last = self._collect(FINISH_TIMEOUT_S)
+                if last is None or last[0] == "finished":
+                    break
+        self._proc.join(FINISH_TIMEOUT_S if self._proc.is_alive() else 1.0)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+        self._pipe.close()
+
+
+def _serve(db_path: str, run_id: int, rows_written: int, freeze_gc: bool, pipe: Connection) -> None:
+    """The child: write what the watching process hands over until it says finish."""
+    from db.store import open_db
+    from db.watch_writer import WatchWriter
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the watching process decides when to stop
+    if freeze_gc:
+        # As in a watching process of its own (WatchRecorder): the aggregates' long-lived
+        # objects out of the collector's reach, and young collections less often.
+        gc.set_threshold(10_000, 10, 10)
+    try:
+        db = open_db(db_path)
+        writer = WatchWriter(db, run_id)
+        writer.rows_written = rows_written
+    except Exception as exc:
+        pipe.send(("error", str(exc)))
+        return
+    pipe.send(("ready", None))
+    dropped = 0
+    while True:
+        try:
+            message = pipe.recv()
+        except (EOFError, OSError):
+            # The watching process died: what was written stays, and the run says it
+            # did not end well (a later watch of the same sources resumes it).
+            try:
+                writer.finish(FAILED, dropped)
+                db.conn.close()
+            except Exception:
+                pass
+            return
+        kind = message[0]
+        if kind == "write":
+            _, batch, dropped = message
+            try:
+                writer.write(batch, dropped)
+            except Exception as exc:  # a full disk must not end the watch: counted, said
+                pipe.send(("failed", len(batch.blocks) + len(batch.raw), str(exc)))
+                continue
+            if freeze_gc:
+                gc.freeze()
+            pipe.send(("written", writer.rows_written))
+        elif kind == "trim":
+            try:
+                pipe.send(("trimmed", writer.trim_raw(message[1])))
+            except Exception:  # a busy or full disk: the next minute tries again
+                pipe.send(("trimmed", 0))
+        elif kind == "finish":
+            _, status, dropped = message
+            writer.finish(status, dropped)
+            db.conn.close()
+            pipe.send(("finished", writer.rows_written))
+            return
