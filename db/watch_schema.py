@@ -65,6 +65,15 @@ SOURCE_COUNTERS = (
 )
 
 
+def drop_raw_run_index(db: Database) -> None:
+    """Schema version 7's migration body: ``watch_blocks`` loses the ``run_id`` index
+    version 6 gave it. Every view reads the aggregates, and the index had cost 40%
+    of the insert rate of one-hash events (issue 23); the few readers of one run's
+    raw rows (a resumed watch's rebuild, ``--keep-raw`` trimming) walk them in rowid
+    order, as written."""
+    db.execute("DROP INDEX IF EXISTS watch_blocks_run")
+
+
 def create_watch_tables(db: Database) -> None:
     run_fk = [("run_id", "runs", "id")]
     db["watch_sources"].create(

@@ -62,12 +62,13 @@ class WatchWriter:
         self.rows_written = 0
         db.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
         r = int(run_id)
-        has_rows = db.execute(
-            "SELECT 1 FROM watch_blocks WHERE run_id = ? LIMIT 1", (r,)
+        # Whether the run has raw rows, from its aggregates' state (watch_blocks has no
+        # run_id index: a new run's look there would read the whole file).
+        folded = db.execute(
+            "SELECT applied_rowid, raw_trimmed_before FROM watch_agg_state WHERE run_id = ?", (r,)
         ).fetchone()
-        trimmed = db.execute(
-            "SELECT raw_trimmed_before FROM watch_agg_state WHERE run_id = ?", (r,)
-        ).fetchone()
+        has_rows = folded is not None and folded[0] > 0
+        trimmed = None if folded is None else (folded[1],)
         if has_rows and trimmed and trimmed[0] is not None:
             raise KvscopeError(
                 f"run {r} kept only recent raw events (--keep-raw): its cache state "
