@@ -24,6 +24,7 @@ from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
+from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
 
 from app.tui import Job, fmt
@@ -312,9 +313,12 @@ class KvscopeApp(App[None]):
         self._show_runbar()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """A watched deployment has no steps to play or requests to sort: hide those keys."""
+        """A watched deployment has no steps to play or requests to sort: hide those keys.
+        Nor while a dialog is open (help, runs, quit): its own keys go first, so the replay
+        keys that take priority (PgUp/PgDn/Home/End, arrows, space) reach it instead."""
         watched = self.view is not None and self.view.run.kind == "watch"
-        return not (watched and action in ENGINE_RUN_ACTIONS)
+        dialog = isinstance(self.screen, ModalScreen)
+        return not ((watched or dialog) and action in ENGINE_RUN_ACTIONS)
 
     def _show_watch(self, view: View) -> None:
         """Mount the watch view for a watch run (once per run); show the engine body otherwise."""

@@ -69,6 +69,7 @@ class HelpScreen(ModalScreen[None]):
         scroll = self.query_one("#help", VerticalScroll)
         scroll.border_title = "kvscope TUI help"
         # On a small terminal (80x24) the help is taller than the screen: the frame says
-        # there is more and how to reach it, and the arrow keys scroll it.
-        scroll.border_subtitle = "↑↓ scroll · Esc, q or ? close"
+        # there is more and how to reach it: the arrows, PgUp/PgDn and Home/End scroll it
+        # (the app's replay keys yield to a dialog, KvscopeApp.check_action).
+        scroll.border_subtitle = "↑↓ PgUp PgDn Home End scroll · Esc, q or ? close"
         scroll.focus()
