@@ -237,7 +237,7 @@ def test_a_migrated_database_gets_its_aggregates(tmp_path: Path) -> None:
     writer.write(WatchBatch(blocks=[_row(0, 0.0, OP_STORED, [1, 2]), _row(1, 1.0, OP_STORED, [2])]))
     for table in ("watch_source_stats", "watch_live", "watch_series", "watch_agg_state"):
         db.execute(f"DELETE FROM {table}")
-    db.execute("DROP INDEX watch_blocks_run")
+    db.execute("DROP INDEX IF EXISTS watch_blocks_run")
     for table in ("watch_source_stats", "watch_live", "watch_series", "watch_fleet_series",
                   "watch_fleet", "watch_histograms", "watch_shared_prefixes", "watch_agg_state"):  # fmt: skip
         db.execute(f"DROP TABLE {table}")
@@ -246,6 +246,30 @@ def test_a_migrated_database_gets_its_aggregates(tmp_path: Path) -> None:
     db.conn.close()
     stats = q.block_stats(open_db(path), run_id)  # opening migrates, and folds the raw rows
     assert [(s.source, s.new_blocks, s.routing_misses) for s in stats] == [(0, 2, 0), (1, 1, 1)]
+
+
+def test_a_version_6_database_still_reads_and_continues(tmp_path: Path) -> None:
+    """Schema 6 had a run_id index on watch_blocks; 7 drops it (the writer's insert rate):
+    an old file keeps its figures, and a run in it is continued from its raw rows."""
+    path = tmp_path / "v6.db"
+    db, writer, run_id = _run(path, sources=1)
+    writer.write(
+        WatchBatch(blocks=[_row(0, 0.0, OP_STORED, [1, 2]), _row(0, 1.0, OP_REMOVED, [1])])
+    )
+    db.execute("CREATE INDEX watch_blocks_run ON watch_blocks (run_id)")
+    db.execute("PRAGMA user_version = 6")
+    db.conn.commit()
+    db.conn.close()
+    db = open_db(path)  # migrates to 7
+    indexes = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")]
+    assert "watch_blocks_run" not in indexes
+    (stats,) = q.block_stats(db, run_id)
+    assert (stats.new_blocks, stats.cached) == (2, {"GPU": 1})
+    writer = WatchWriter(db, run_id)  # continued: the state is rebuilt from the raw rows
+    writer.write(WatchBatch(blocks=[_row(0, 2.0, OP_REMOVED, [2]), _row(0, 3.0, OP_STORED, [1])]))
+    (stats,) = q.block_stats(db, run_id)
+    db.conn.close()
+    assert (stats.removed_unknown, stats.recomputed, stats.cached) == (0, 1, {"GPU": 1})
 
 
 def test_views_cost_nothing_when_nothing_changed(tmp_path: Path) -> None:
