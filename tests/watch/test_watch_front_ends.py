@@ -67,8 +67,7 @@ def test_dashboard_tables(recording) -> None:
         "2: tcp://c:1",
     ]
     page = watch_page.layout(data)
-    ids = [getattr(child, "id", None) for child in page.children]
-    assert {"watch-sources", "watch-blocks", "watch-prefixes", "watch-incidents"} <= set(ids)
+    assert {"watch-sources", "watch-blocks", "watch-prefixes", "watch-incidents"} <= _ids(page)
 
 
 def test_empty_run_draws_placeholders() -> None:
@@ -149,7 +148,9 @@ def test_tui_app_mounts_the_watch_view_for_a_watch_run(recording, follow: bool) 
 
 
 def _ids(component) -> set[str]:
-    found = {getattr(component, "id", None)}
+    """The string ids in a component tree (the time graphs' pattern ids left out)."""
+    component_id = getattr(component, "id", None)
+    found = {component_id} if isinstance(component_id, str) else set()
     children = getattr(component, "children", None)
     for child in children if isinstance(children, list | tuple) else [children]:
         if child is not None and not isinstance(child, str):
@@ -307,3 +308,46 @@ def test_tui_w_cycles_the_windows(tmp_path) -> None:
             (src, w[0], w[1], w[2]) for src, w in sorted(want.items())
         ]
         assert "in the window" in text and "whole session" in text
+
+
+def _post(app, output: str, inputs: list[dict], changed: str) -> dict:
+    """One callback request as the browser sends it, through Flask's test client."""
+    client = app.server.test_client()
+    body = {"output": output, "outputs": {"id": output.split(".")[0], "property": "data"},
+            "inputs": inputs, "state": [], "changedPropIds": [changed]}  # fmt: skip
+    response = client.post(
+        "/_dash-update-component", data=json.dumps(body), content_type="application/json"
+    )
+    return response
+
+
+def test_zooming_a_time_graph_makes_its_range_the_window(tmp_path) -> None:
+    path = tmp_path / "long.db"
+    run_id, events = long_recording.build(path)
+    app = create_app(path)
+    graph = {"type": watch_page.ZOOM_GRAPH, "index": "misses"}
+    prop = json.dumps(graph, separators=(",", ":"), sort_keys=True) + ".relayoutData"
+    relayout = {"xaxis.range[0]": 3700.4, "xaxis.range[1]": 1234.5}  # dragged leftwards
+    inputs = [
+        [{"id": graph, "property": "relayoutData", "value": relayout}],
+        {"id": "watch-window", "property": "value", "value": "whole session"},
+    ]
+    response = _post(app, "watch-zoom.data", inputs, prop)
+    zoom = response.get_json()["response"]["watch-zoom"]["data"]
+    assert zoom == {"start_s": 1234.5, "end_s": 3700.4}
+    page = call(app, "watch-content.children", None, run_id, "whole session", zoom)
+    assert "Window: zoomed (t 1,234-3,700 s)" in _find(page, "watch-window-note").children
+    want = long_recording.expected(events, 1234, 3701)
+    rows = {r["source"]: r["stored (window)"] for r in _find(page, "watch-blocks").data}
+    assert rows == {src: w[0] for src, w in want.items()}
+    # Zoomed out (a double-click), or another window chosen: no zoom; a legend click: no change.
+    inputs[0][0]["value"] = {"xaxis.autorange": True}
+    assert _post(app, "watch-zoom.data", inputs, prop).get_json()["response"] == {
+        "watch-zoom": {"data": None}
+    }
+    inputs[0][0]["value"] = {"hiddenlabels": ["vllm"]}
+    response = _post(app, "watch-zoom.data", inputs, prop)
+    assert response.get_json()["response"] == {}  # the store keeps its zoom
+    inputs[0][0]["value"] = relayout
+    response = _post(app, "watch-zoom.data", inputs, "watch-window.value")
+    assert response.get_json()["response"] == {"watch-zoom": {"data": None}}
