@@ -179,7 +179,15 @@ def test_incremental_page_table_equals_a_rebuilt_one():
     assert kept.rebuilds == 1 and kept.updates == 39
     reqs[4].pages = list(reqs[4].pages)  # a page list replaced (swap-in, a prefix match)
     same_as_fresh()
-    del reqs[2]  # a request left
+    assert kept.rebuilds == 2
+    del reqs[7], reqs[2]  # requests left (finished, preempted): their rows dropped
+    for req in reqs[3:]:  # and the others went on, some into a new page
+        req.num_computed += 3
+        req.output_ids += [1, 1, 1]
+        req.pages += [rng.randrange(1000)] * (req.num_computed // ps + 1 - len(req.pages))
+    same_as_fresh()
+    assert (kept.rebuilds, kept.updates) == (2, 40)
+    reqs.append(reqs.pop(0))  # a request the table does not hold where it stands
     same_as_fresh()
     assert kept.rebuilds == 3
 
