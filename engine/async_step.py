@@ -24,7 +24,6 @@ from engine.sampler import SampledTokens
 class LaunchedStep:
     """A step whose forward and sampling are queued; its tokens are read by ``resolve``."""
 
-    step: int
     sampling: list[Request]  # one per sampled row, in row order
     tokens: SampledTokens
 

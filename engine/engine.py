@@ -353,8 +353,6 @@ class Engine:
                 self.steps_ahead += 1
                 outputs = self._resolve(in_flight)
             prefill = self._advance(batch)
-            if not launched.sampling:
-                launched = None
         if launched is not None:
             # Left in flight only while one of its requests may still take its token.
             if self.async_scheduling and any(
@@ -372,9 +370,10 @@ class Engine:
             self.runner.drain_timings(wait=True)  # idle now: report the last steps' timings
         return outputs
 
-    def _launch(self, batch: ScheduledBatch, in_flight: LaunchedStep | None) -> LaunchedStep:
+    def _launch(self, batch: ScheduledBatch, in_flight: LaunchedStep | None) -> LaunchedStep | None:
         """Stage the batch (rows after ``in_flight``'s tokens fed on the device), queue the
-        forward and the sampling; nothing here waits for the device."""
+        forward and the sampling; nothing here waits for the device. None when no row
+        samples (prefill chunks only)."""
         now = now_ns()
         emit = self.bus.active
         for req in batch.requests:
@@ -388,17 +387,17 @@ class Engine:
         inputs = self.runner.prepare(batch.requests, batch.num_new, feed=feed)
         logits = self.runner.execute(inputs)
         sampling = inputs.sampling
-        tokens = None
-        if sampling:
-            which = self.step_count % 2
-            tokens = SampledTokens(
-                logits,
-                [r.params for r in sampling],
-                [r.generator for r in sampling],
-                self._pinned[which],
-            )
-            self._pinned[which] = tokens.pinned
-        return LaunchedStep(self.step_count, sampling, tokens)
+        if not sampling:
+            return None
+        which = self.step_count % 2
+        tokens = SampledTokens(
+            logits,
+            [r.params for r in sampling],
+            [r.generator for r in sampling],
+            self._pinned[which],
+        )
+        self._pinned[which] = tokens.pinned
+        return LaunchedStep(sampling, tokens)
 
     def _advance(self, batch: ScheduledBatch) -> int:
         """Count the batch's tokens as computed and offer full pages to the prefix cache;

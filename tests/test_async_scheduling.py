@@ -207,7 +207,7 @@ def test_feed_writes_the_in_flight_tokens_into_their_rows():
     logits[[0, 1, 2], [11, 22, 33]] = 1.0
     params = [SamplingParams()] * 3
     reqs = [Request(i, [1], SamplingParams(), 0) for i in range(4)]
-    launched = LaunchedStep(0, reqs[:3], SampledTokens(logits, params, [None] * 3))
+    launched = LaunchedStep(reqs[:3], SampledTokens(logits, params, [None] * 3))
     feed = feed_for([reqs[2], reqs[3], reqs[0]], launched)  # one left, one new, reordered
     assert (feed.dst, feed.src, feed.in_order) == ([0, 2], [2, 0], False)
     token_ids = torch.full((3,), -1, dtype=torch.long)
