@@ -110,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         # Output piped into `head` and the like: not an error for the user.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a path given that cannot be read or written (a directory, ...)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"kvscope: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -94,33 +94,44 @@ class ModelConfig:
     def from_hf_config(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ModelLoadError(f"no config.json at {path}") from None
         except json.JSONDecodeError as exc:
             raise ModelLoadError(f"{path} is not valid JSON: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:  # a directory, not UTF-8 text, ...
+            raise ModelLoadError(f"cannot read {path} as a config.json: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"{path} is not a config.json (not a JSON object)")
         model_type = raw.get("model_type", "")
         if model_type not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(
                 f"unsupported architecture {model_type!r} in {path}; kvscope runs {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        heads = int(raw["num_attention_heads"])
-        hidden = int(raw["hidden_size"])
-        return cls(
-            architecture=model_type,
-            num_layers=int(raw["num_hidden_layers"]),
-            hidden_size=hidden,
-            intermediate_size=int(raw["intermediate_size"]),
-            num_q_heads=heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
-            vocab_size=int(raw["vocab_size"]),
-            rope_theta=float(
-                raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))
-            ),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            max_position=int(raw.get("max_position_embeddings", 2048)),
-            tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
-            name=path.parent.name,
-        )
+        try:
+            heads = int(raw["num_attention_heads"])
+            hidden = int(raw["hidden_size"])
+            return cls(
+                architecture=model_type,
+                num_layers=int(raw["num_hidden_layers"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_q_heads=heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+                head_dim=int(raw.get("head_dim") or hidden // heads),
+                vocab_size=int(raw["vocab_size"]),
+                rope_theta=float(
+                    raw.get(
+                        "rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+                    )
+                ),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                max_position=int(raw.get("max_position_embeddings", 2048)),
+                tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
+                name=path.parent.name,
+            )
+        except KeyError as exc:
+            raise ModelLoadError(f"{path} has no {exc.args[0]!r}") from None
+        except (AttributeError, TypeError, ValueError, ZeroDivisionError) as exc:
+            raise ModelLoadError(f"{path} has a bad value: {exc}") from None

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sqlite3
 from pathlib import Path
 
 import pytest
+from sqlite_utils import Database
 
 from app.cli import COMMANDS, main
+from db.migrations import migrate
 from db.store import open_db
 
 NO_MODEL = "/nonexistent/kvscope-fuzz.gguf"
@@ -325,3 +328,89 @@ def test_replay_flags(tmp_path):
     for value in HOSTILE:  # the trace itself
         code, _, err = call(["replay", value, "--quiet"])
         assert_clean(["replay", value], code, err)
+
+
+def hostile_files(tmp: Path) -> dict[str, str]:
+    """Files a new user points kvscope at by mistake, by name."""
+    good = tmp / "good.db"
+    code, _, err = call(
+        ["replay", str(Path(__file__).parent / "data" / "mooncake_conversation_head400.jsonl"),
+         "--limit", "4", "--capacity", "1e5", "--eviction-policy", "lru", "--quiet",
+         "--workers", "1", "--db", str(good)]
+    )  # fmt: skip
+    assert code == 0, err
+    (tmp / "dir").mkdir()
+    files = {
+        "empty": b"",
+        "garbage": b"not a database \xff\xfe\n" * 64,
+        "truncated.db": good.read_bytes()[: 3 * 4096],
+        "header.db": good.read_bytes()[:100],
+        "non-utf8.jsonl": b'{"timestamp": 0, "input_length": 9, "output_length": 1, "hash_ids": [1]}\n'
+        b"\xff\xfe\x00 garbage\n",
+        "blank.jsonl": b"\n  \n\n",
+        "list.json": b"[1, 2]",
+        "partial.json": b'{"model_type": "llama", "num_attention_heads": 0, "hidden_size": 64}',
+        "gguf.gguf": b"GGUF\x03\x00\x00\x00" + b"\x01" * 10,
+    }
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+    other = sqlite3.connect(tmp / "other.db")  # SQLite, not kvscope's
+    other.execute("CREATE TABLE foo (x)")
+    other.commit()
+    other.close()
+    old = Database(tmp / "old.db")  # kvscope's first schema
+    migrate(old, 1)
+    old.conn.close()
+    newer = open_db(tmp / "newer.db")  # a later kvscope's
+    newer.conn.execute("PRAGMA user_version = 99")
+    newer.conn.close()
+    names = [*files, "dir", "other.db", "old.db", "newer.db"]
+    paths = {name: str(tmp / name) for name in names}
+    paths["missing"] = str(tmp / "garbage" / "x.db")  # under a file: cannot exist
+    return paths
+
+
+def test_every_file_input_refuses_hostile_files_in_one_line(tmp_path):
+    """Files of the wrong kind, wherever a command reads one; an output path that cannot
+    be written, wherever one writes."""
+    files = hostile_files(tmp_path)
+    good = str(tmp_path / "good.db")
+    for f in files.values():
+        for argv in (
+            ["runs", f],
+            ["runs", "--db", f, "--json"],
+            ["report", f, "-o", str(tmp_path / "r.html")],
+            ["report", f, "--format", "mooncake", "-o", str(tmp_path / "m.jsonl")],
+            ["replay", f, "--quiet", "--workers", "1", "--eviction-policy", "lru"],
+            ["replay", f, "--format", "db", "--quiet"],
+            ["simulate", "--trace", f, "--requests", "5"],
+            ["calc", "--config", f],
+            ["calc", "--gguf", f],
+            ["info", "--model", f],
+            ["run", "--headless", "--db", f, "--requests", "2", "--model", NO_MODEL],
+            ["run", "--headless", "--workload", f, "--db", str(tmp_path / "w.db"),
+             "--model", NO_MODEL],
+        ):  # fmt: skip
+            code, _, err = call(argv)
+            assert_clean(argv, code, err)
+    outputs = [str(tmp_path / "dir"), str(tmp_path / "garbage" / "sub" / "out.html")]
+    trace = str(Path(__file__).parent / "data" / "mooncake_conversation_head400.jsonl")
+    for out in outputs:
+        for argv in (
+            ["report", good, "-o", out],
+            ["report", good, "--format", "mooncake", "-o", out],
+            ["replay", trace, "--limit", "3", "--quiet", "--workers", "1", "--plot", out],
+            ["simulate", "--requests", "5", "--plot", out],
+        ):
+            code, _, err = call(argv)
+            assert_clean(argv, code, err)
+            assert code == 2, argv
+    # the config.json cases name what is wrong with the file
+    for name, fragment in (
+        ("dir", "cannot read"),
+        ("non-utf8.jsonl", "cannot read"),
+        ("list.json", "not a JSON object"),
+        ("partial.json", "has no 'num_hidden_layers'"),
+    ):
+        code, _, err = call(["calc", "--config", files[name]])
+        assert code == 2 and fragment in err, (name, err)
