@@ -14,7 +14,16 @@ its wall time (attention and KV writes included) is measured around
 device is the host: the host-to-device copies a GPU needs cost nothing here,
 and a GPU's figures are not measured by this script.
 
-Run: ``python bench/host_time.py [--batches 1 32 128] [--baseline COMMIT] [--json]``
+A second table shows what async scheduling (``--async-scheduling on``) hides:
+the interval between two decode launches, serial vs async, with a SIMULATED
+device: each forward's own CPU time is taken off the clock and stands in as a
+fixed ``--device-ms`` of device time that runs while the host goes on, and
+reading a step's tokens spins until that step's simulated device time is over.
+Serial, a step costs device + host; async, about max(device, host). Nothing in
+it is a GPU measurement.
+
+Run: ``python bench/host_time.py [--batches 1 32 128] [--baseline COMMIT] [--device-ms 2]
+[--json]``
 """
 
 from __future__ import annotations
@@ -34,8 +43,8 @@ BASELINE = "6191dc4"  # main before issue 22's host-side changes
 GOALS_US = {1: 50, 32: 200, 128: 600}
 
 
-def worker(root: Path, batch: int, steps: int) -> dict:
-    """Median host microseconds of ``steps`` decode steps at ``batch`` for the code in ``root``."""
+def _decoding_engine(root: Path, batch: int, steps: int, **config):
+    """An engine on the tiny model with ``batch`` requests past their prefill, decoding."""
     sys.path.insert(0, str(root))
     import torch
 
@@ -53,12 +62,21 @@ def worker(root: Path, batch: int, steps: int) -> dict:
         max_num_seqs=batch,
         max_batched_tokens=max(2048, batch),
         prefix_cache=False,
+        **config,
     )
     engine = Engine(config, loaded=tiny_loaded(max_position=1024))
     g = torch.Generator().manual_seed(batch)
     for _ in range(batch):
         ids = torch.randint(1, 64, (prompt,), generator=g).tolist()
         engine.add_request(ids, SamplingParams(max_tokens=steps + 4, ignore_eos=True))
+    while any(r.in_prefill for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    return engine
+
+
+def worker(root: Path, batch: int, steps: int) -> dict:
+    """Median host microseconds of ``steps`` decode steps at ``batch`` for the code in ``root``."""
+    engine = _decoding_engine(root, batch, steps)
     forward_s = [0.0]
     model_forward = engine.model.forward
 
@@ -69,8 +87,6 @@ def worker(root: Path, batch: int, steps: int) -> dict:
         return out
 
     engine.model.forward = timed_forward
-    while any(r.in_prefill for r in engine.scheduler.running) or engine.scheduler.waiting:
-        engine.step()
     host = []
     for _ in range(steps):
         forward_s[0] = 0.0
@@ -80,14 +96,93 @@ def worker(root: Path, batch: int, steps: int) -> dict:
     return {"host_us": statistics.median(host) * 1e6, "steps": steps}
 
 
-def run_worker(root: Path, batch: int, steps: int) -> float:
+def async_worker(batch: int, steps: int, mode: str, device_ms: float) -> dict:
+    """Median microseconds between two decode launches, with a simulated device.
+
+    A virtual clock runs without the forwards' own CPU time; each forward then
+    occupies the simulated device for ``device_ms`` from its launch (or from when
+    the device frees up), and reading a step's tokens spins until its device time
+    is over. The launches' virtual times give the interval per step.
+    """
+    engine = _decoding_engine(ROOT, batch, steps, async_scheduling=mode)
+    import engine.engine as engine_module
+
+    device_s = device_ms / 1e3
+    excluded = [0.0]  # the forwards' CPU time, off the virtual clock
+    busy_until = [0.0]
+    launches: list[float] = []
+    done: dict[int, float] = {}  # id(SampledTokens) -> its step's end on the simulated device
+
+    def vnow() -> float:
+        return time.perf_counter() - excluded[0]
+
+    model_forward = engine.model.forward
+
+    def device_forward(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = model_forward(*args, **kwargs)
+        excluded[0] += time.perf_counter() - t0
+        start = max(vnow(), busy_until[0])
+        busy_until[0] = start + device_s
+        launches.append(start)
+        return out
+
+    tokens_class = engine_module.SampledTokens
+    init, read = tokens_class.__init__, tokens_class.tolist
+
+    def sampled(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        done[id(self)] = busy_until[0]  # sampled right after the forward it belongs to
+
+    def tolist(self):
+        # Spin, as a CUDA event wait does, not sleep (whose late wake-up would count as
+        # host time); tokens launched before the clock started wait for nothing.
+        end = done.pop(id(self), 0.0)
+        while vnow() < end:
+            pass
+        return read(self)
+
+    engine.model.forward = device_forward
+    tokens_class.__init__, tokens_class.tolist = sampled, tolist
+    for _ in range(steps):
+        engine.step()
+    gaps = [b - a for a, b in zip(launches, launches[1:], strict=False)]
+    return {"step_us": statistics.median(gaps) * 1e6, "steps_ahead": engine.steps_ahead}
+
+
+def run_worker(root: Path, batch: int, steps: int, *extra: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(root)]
-    cmd += ["--batches", str(batch), "--steps", str(steps)]
+    cmd += ["--batches", str(batch), "--steps", str(steps), *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, check=False)
     if out.returncode != 0:
         raise SystemExit(f"host_time: error: worker failed in {root}: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])["host_us"]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def async_rows(batches: list[int], steps: int, rounds: int, device_ms: float, progress) -> list:
+    """Per batch: the best of ``rounds`` median launch intervals, serial and async."""
+    rows = []
+    for batch in batches:
+        best = {"off": float("inf"), "on": float("inf")}
+        ahead = 0
+        for _ in range(rounds):
+            for mode in ("off", "on"):
+                extra = ("--async-mode", mode, "--device-ms", str(device_ms))
+                got = run_worker(ROOT, batch, steps, *extra)
+                best[mode] = min(best[mode], got["step_us"])
+                ahead = max(ahead, got["steps_ahead"]) if mode == "on" else ahead
+                progress.advance()
+        rows.append(
+            {
+                "batch": batch,
+                "serial_us": best["off"],
+                "async_us": best["on"],
+                "hidden_us": best["off"] - best["on"],
+                "steps_ahead": ahead,
+            }
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,11 +191,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", default=BASELINE, help="commit to compare against")
     ap.add_argument("--steps", type=int, default=30, help="decode steps timed per run")
     ap.add_argument("--rounds", type=int, default=3, help="alternating runs per code and batch")
+    ap.add_argument(
+        "--device-ms",
+        type=float,
+        default=2.0,
+        help="simulated device time per forward for the async table (0: no async table)",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--async-mode", choices=("on", "off"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.device_ms < 0:
+        print("host_time: error: --device-ms must be >= 0", file=sys.stderr)
+        return 2
     if args.worker is not None:
-        print(json.dumps(worker(args.worker, args.batches[0], args.steps)))
+        if args.async_mode is not None:
+            got = async_worker(args.batches[0], args.steps, args.async_mode, args.device_ms)
+        else:
+            got = worker(args.worker, args.batches[0], args.steps)
+        print(json.dumps(got))
         return 0
     # Imported here, not at the top: a worker runs with the baseline's tree on its
     # path, and that code may predate app/progress.py.
@@ -114,12 +223,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             rows = []
-            progress = Progress(len(args.batches) * args.rounds * 2, "worker runs")
+            tables = 2 if args.device_ms > 0 else 1
+            progress = Progress(len(args.batches) * args.rounds * 2 * tables, "worker runs")
             for batch in args.batches:
                 best = {"baseline": float("inf"), "now": float("inf")}
                 for _ in range(args.rounds):
                     for name, root in (("baseline", old), ("now", ROOT)):
-                        best[name] = min(best[name], run_worker(root, batch, args.steps))
+                        got = run_worker(root, batch, args.steps)["host_us"]
+                        best[name] = min(best[name], got)
                         progress.advance()
                 rows.append({"batch": batch, **best, "goal_us": GOALS_US.get(batch)})
         finally:
@@ -128,8 +239,21 @@ def main(argv: list[str] | None = None) -> int:
                 capture_output=True,
                 check=False,
             )
+    overlap = (
+        async_rows(args.batches, args.steps, args.rounds, args.device_ms, progress)
+        if args.device_ms > 0
+        else []
+    )
     if args.json:
-        print(json.dumps({"baseline": args.baseline, "rows": rows}))
+        print(
+            json.dumps(
+                {
+                    "baseline": args.baseline,
+                    "rows": rows,
+                    "async": {"device_ms": args.device_ms, "simulated": True, "rows": overlap},
+                }
+            )
+        )
         return 0
     print(f"host time per decode step (us), baseline {args.baseline} vs this checkout")
     print(f"| {'batch':>5} | {'baseline':>9} | {'now':>9} | {'speed-up':>8} | {'goal':>6} | met |")
@@ -140,6 +264,18 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['batch']:>5} | {r['baseline']:>9.1f} | {r['now']:>9.1f} | "
             f"{r['baseline'] / r['now']:>7.2f}x | {goal or '-':>6} | {met:>3} |"
         )
+    if overlap:
+        print(
+            f"\nasync scheduling: us between two decode launches, SIMULATED device of "
+            f"{args.device_ms:g} ms per forward (a wait, not a GPU; the CPU forward's time is "
+            "off the clock)"
+        )
+        print(f"| {'batch':>5} | {'serial':>9} | {'async':>9} | {'hidden':>9} | steps ahead |")
+        for r in overlap:
+            print(
+                f"| {r['batch']:>5} | {r['serial_us']:>9.1f} | {r['async_us']:>9.1f} | "
+                f"{r['hidden_us']:>9.1f} | {r['steps_ahead']:>11} |"
+            )
     return 0
 
 
