@@ -246,7 +246,7 @@ def correctness(report: Report, device: str, smoke: bool, workdir: Path) -> dict
         same = sum(a == b for a, b in zip(got, reference, strict=True))
         note = (
             f"preempt {seen['preempted']}, chunks {seen['chunks']}, "
-            f"prefix hit {seen['prefix_hit_tokens']} tok"
+            f"prefix hit {seen['prefix_hit_tokens']} tok, {engine.steps_ahead} steps ahead"
         )
         report.add("correctness", f"{config.name} fp32 greedy = transformers", f"{same}/8", note)
         ok = (
