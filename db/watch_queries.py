@@ -301,11 +301,16 @@ def _width(conn: sqlite3.Connection, run_id: int, window: Window | None, points:
 
 def _bucket_range(window: Window | None, width: int) -> tuple[int, int]:
     """The first and last bucket of ``width`` wholly inside ``window``: a graph of
-    a window never draws a bucket that began before it or ends after it."""
+    a window never draws a bucket that began before it or ends after it. 1 s
+    buckets: those with any of their second in it, as ``window_counts`` counts."""
     if window is None:
         return -(2**62), 2**62
-    lo = -(2**62) if window.start_s is None else math.ceil(window.start_s / width)
-    hi = 2**62 if window.end_s is None else math.floor(window.end_s / width) - 1
+    inside = width > 1
+    lo, hi = -(2**62), 2**62
+    if window.start_s is not None:
+        lo = math.ceil(window.start_s / width) if inside else math.floor(window.start_s)
+    if window.end_s is not None:
+        hi = (math.floor(window.end_s / width) if inside else math.ceil(window.end_s)) - 1
     return lo, hi
 
 
