@@ -414,3 +414,40 @@ def test_every_file_input_refuses_hostile_files_in_one_line(tmp_path):
     ):
         code, _, err = call(["calc", "--config", files[name]])
         assert code == 2 and fragment in err, (name, err)
+
+
+def test_replay_trace_lines_of_any_shape(tmp_path):
+    """Hostile trace lines: refused in one line naming ``path:line``, or replayed. A length
+    no model has is refused before its pages are built (10^13 tokens ran out of memory)."""
+    mooncake = '{{"timestamp": {t}, "input_length": {i}, "output_length": {o}, "hash_ids": {h}}}'
+    huge = 10**13
+    lines = [
+        (mooncake.format(t=0, i=huge, o=2, h="[1]"), "input_length"),
+        (mooncake.format(t=0, i=50, o=huge, h="[1]"), "output_length"),
+        ('{"prompt_token_ids": [1, 2], "max_tokens": 10000000000000}', "max_tokens"),
+        ('{"prompt_len": 10000000000000}', "prompt_len"),
+        (mooncake.format(t=-10, i=5000, o=2, h="[1]"), None),
+        (mooncake.format(t=1e308, i=5000, o=2, h="[1]"), None),
+        (mooncake.format(t=0, i=5000, o=0, h="[1]"), None),
+        (mooncake.format(t=0, i=5000, o=1, h="[-3]"), None),
+        (mooncake.format(t=0, i=5000, o=1, h="[1.5]"), None),
+        (mooncake.format(t=0, i=5000, o=1, h='"1"'), None),
+        (mooncake.format(t=0, i=5, o=1, h="[]"), None),
+        ('{"prompt_token_ids": [], "max_tokens": 2}', None),
+        ('{"prompt_token_ids": [-1, 5], "max_tokens": 2}', None),
+        ('{"prompt_token_ids": "abc", "max_tokens": 2}', None),
+        ('{"prompt": "text needs a tokenizer", "max_tokens": 2}', None),
+        ("null", None),
+        ('"a string"', None),
+        ("{}", None),
+    ]
+    for i, (line, too_long) in enumerate(lines):
+        path = tmp_path / f"t{i}.jsonl"
+        path.write_text(line + "\n")
+        for timing in ("sequential", "roofline"):
+            argv = ["replay", str(path), "--quiet", "--workers", "1", "--eviction-policy", "lru",
+                    "--capacity", "1e5", "--timing", timing]  # fmt: skip
+            code, _, err = call(argv)
+            assert_clean(argv, code, err)
+            if too_long is not None:
+                assert code == 2 and f"{path}:1: {too_long}" in err and "is above" in err, err

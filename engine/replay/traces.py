@@ -89,12 +89,19 @@ def is_database(path: Path) -> bool:
         return False
 
 
+# Tokens in one request's prompt or output at most: longer than any model's context, and
+# short enough that its pages (one key each) and decode steps fit in memory.
+MAX_REQUEST_TOKENS = 10**8
+
+
 def _int(record: dict, key: str, where: str, minimum: int = 0) -> int:
     if key not in record:
         raise KvscopeError(f"{where}: missing {key!r}")
     value = record[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise KvscopeError(f"{where}: {key} must be an integer >= {minimum}, got {value!r}")
+    if value > MAX_REQUEST_TOKENS:
+        raise KvscopeError(f"{where}: {key} {value:,} is above {MAX_REQUEST_TOKENS:,} tokens")
     return value
 
 
