@@ -49,7 +49,8 @@ class TokenFeed:
         src: torch.Tensor | None = None,
     ) -> None:
         """Write the fed tokens into ``token_ids`` on its device; ``dst``/``src`` are the
-        index lists already staged on the device (``in_order`` needs none)."""
+        index lists already staged on the device (``in_order`` needs none; without them
+        they are made here)."""
         if self.in_order:
             n = len(self.dst)
             token_ids[:n].copy_(self.tokens[:n])
