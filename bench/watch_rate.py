@@ -14,8 +14,9 @@ Two measurements in the same run:
   rows, SQLite) until every batch is committed; the check that nothing was
   lost compares the database's row count with what was sent.
 
-Prints block events/s for both, their ratio, gaps/replays/lost batches and the
-process's peak RSS.
+Prints block events/s for both, their ratio, gaps/replays/lost batches, the
+CPU seconds each part took while recording (the watching process's subscriber
+and recorder threads, the writer process) and the peak RSS.
 
     .venv/bin/python bench/watch_rate.py [--sources 64] [--batches 200] [--blocks 16] [--stored 3]
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import random
 import resource
 import sqlite3
@@ -121,16 +123,45 @@ def baseline(args: argparse.Namespace, blocks_per_batch: int) -> float:
     return (total - 1) * blocks_per_batch / elapsed
 
 
+def _cpu_s(pid: int, task: int | None = None) -> float:
+    """CPU seconds (user + system) of process ``pid`` (or of its thread ``task``)."""
+    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
+    try:
+        stat = Path(path).read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_parts(session: WatchSession) -> dict[str, float]:
+    """CPU seconds so far: the subscriber and recorder threads, the rest of the watching
+    process, and the writer process (when there is one)."""
+    pid = os.getpid()
+    sub = _cpu_s(pid, session.subscriber._thread.native_id)
+    rec = _cpu_s(pid, session.recorder._thread.native_id)
+    parts = {"subscriber": sub, "recorder": rec, "rest": _cpu_s(pid) - sub - rec}
+    child = getattr(session.recorder._writer, "_proc", None)
+    if child is not None and child.pid is not None:
+        parts["writer process"] = _cpu_s(child.pid)
+    return parts
+
+
 def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
     proc, endpoints, go = _start_publishers(args, 1)
     specs = [s for e, r in endpoints for s in expand_sources(e, replay=r)]
-    session = WatchSession(db, specs, freeze_gc=True).start()  # as kvscope watch runs
+    # As kvscope watch runs: a process of its own, and (unless --writer thread) the
+    # writer in a process of its own.
+    session = WatchSession(
+        db, specs, freeze_gc=True, writer_process=args.writer == "process"
+    ).start()
     total = args.sources * args.batches
     time.sleep(0.5)
     go.set()
     while session.status().batches == 0:
         time.sleep(0.001)
     start = time.perf_counter()
+    cpu_before = _cpu_parts(session)
     # Batches recorded so far, updated about once a second: the baseline takes a
     # fraction of the time, so this is the part worth an ETA.
     progress, shown, next_update = Progress(total, "batches recorded"), 0, start + 1.0
@@ -144,6 +175,9 @@ def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
             shown, next_update = done, time.perf_counter() + 1.0
         time.sleep(0.005)
     progress.advance(total - shown)
+    # Before stop, which ends the threads and the writer process: it writes the last
+    # batch or two after this, the CPU seconds leave that out.
+    cpu = {k: v - cpu_before[k] for k, v in _cpu_parts(session).items()}
     status = session.stop()
     elapsed = time.perf_counter() - start
     proc.kill()
@@ -157,6 +191,8 @@ def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
         "gaps": status.gaps,
         "recovered": status.recovered_batches,
         "lost": status.lost_batches,
+        "cpu": cpu,
+        "elapsed": elapsed,
     }
 
 
@@ -166,6 +202,10 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200, help="batches per source")
     parser.add_argument("--blocks", type=int, default=16, help="hashes per event")
     parser.add_argument("--stored", type=int, default=3, help="BlockStored events per batch")
+    parser.add_argument(
+        "--writer", choices=("process", "thread"), default="process",
+        help="where the watch writes from (kvscope watch: a process of its own)",
+    )  # fmt: skip
     args = parser.parse_args()
     blocks_per_batch = 2 * args.stored * args.blocks
     base = baseline(args, blocks_per_batch)
@@ -180,6 +220,8 @@ def main() -> None:
         f"rows {result['rows']:,} of {result['expected']:,} sent; gaps {result['gaps']}, "
         f"replayed {result['recovered']} batches, lost {result['lost']}"
     )
+    cpu = ", ".join(f"{name} {s:.2f}" for name, s in result["cpu"].items())
+    print(f"CPU s while recording ({result['elapsed']:.2f} s, the last write left out): {cpu}")
     print(f"peak RSS of the watching process: {peak_mib:,.0f} MiB")
     if result["rows"] != result["expected"]:
         raise SystemExit("LOSS: the database does not hold every block event sent")

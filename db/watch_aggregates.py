@@ -208,6 +208,36 @@ class _Source:
         return next(iter(self.shelves.values())).born if self.shelves else {}
 
 
+class _Chain:
+    """The blocks one event stored as a chain of new nodes, while nothing has touched
+    any of them since (no child, no other source storing one, no walk up through
+    them): one record for them all instead of a node each, made into the nodes
+    (``_unchain``) the first time one of them is needed. In a stream that keeps
+    extending its chains this only defers the nodes; in one whose chains are left
+    alone it spares them."""
+
+    __slots__ = ("parent", "depth", "hashes", "bits")
+
+    def __init__(self, parent: int | None, depth: int, hashes: list[int], bits: int) -> None:
+        self.parent = parent  # of the first block
+        self.depth = depth  # of the first block's parent (0: a root)
+        self.hashes = hashes
+        self.bits = bits
+
+
+def _unchain(nodes: dict[int, list | _Chain], chain: _Chain, block: int) -> list:
+    """Make ``chain``'s nodes, as they would have been made at once; returns ``block``'s."""
+    hashes = chain.hashes
+    n = len(hashes)
+    depth, bits = chain.depth, chain.bits
+    up = chain.parent
+    for i, h in enumerate(hashes):
+        if nodes.get(h) is chain:
+            nodes[h] = [up, depth + i + 1, 1 if i < n - 1 else 0, n - i, bits]
+        up = h
+    return nodes[block]
+
+
 class _Tree:
     """The prefix tree of one engine kind: every block ever stored, by its parent,
     and which sources hold each block now (the fleet's duplication)."""
@@ -216,8 +246,9 @@ class _Tree:
                  "peak")  # fmt: skip
 
     def __init__(self) -> None:
-        # hash -> [parent, depth, children, subtree size, sources that stored it (bits)]
-        self.nodes: dict[int, list] = {}
+        # hash -> [parent, depth, children, subtree size, sources that stored it (bits)],
+        # or the _Chain it is part of
+        self.nodes: dict[int, list | _Chain] = {}
         self.held: dict[int, int] = {}  # hash -> sources holding it now (bits), never 0
         self.branch_points: set[int] = set()
         self.roots = 0
@@ -427,9 +458,13 @@ class FleetState:
             nodes = tree.nodes
             node = nodes.get(block)
             if node is not None:
+                if node.__class__ is _Chain:
+                    node = _unchain(nodes, node, block)
                 node[4] |= bit
                 return tree.extra
             above = nodes.get(parent) if parent is not None and parent != block else None
+            if above.__class__ is _Chain:
+                above = _unchain(nodes, above, parent)
             if above is not None:
                 depth = above[1] + 1
                 above[2] += 1
@@ -560,6 +595,8 @@ class FleetState:
             # A chain of new blocks, made in C: block i's parent is block i-1, it has
             # one child (the last none) and n - i blocks under it.
             above = nodes.get(parent) if parent is not None else None
+            if above.__class__ is _Chain:
+                above = _unchain(nodes, above, parent)
             if above is not None:
                 depth = above[1]
                 above[2] += 1
@@ -570,17 +607,7 @@ class FleetState:
                 tree.roots += 1
             if depth + n > tree.max_depth:
                 tree.max_depth = depth + n
-            parents = [parent, *hashes[:-1]]
-            kids = [1] * n
-            kids[-1] = 0
-            nodes.update(
-                zip(
-                    hashes,
-                    map(list, zip(parents, range(depth + 1, depth + n + 1), kids,
-                                  range(n, 0, -1), repeat(bit, n), strict=True)),
-                    strict=True,
-                )
-            )  # fmt: skip
+            nodes.update(zip(hashes, repeat(_Chain(parent, depth, hashes, bit))))
             self._above(tree, parent, n)
             return
         chain = []
@@ -588,8 +615,12 @@ class FleetState:
         par = parent
         for block in hashes:
             node = nodes.get(block)
+            if node.__class__ is _Chain:
+                node = _unchain(nodes, node, block)
             if node is None:
                 above = nodes.get(par) if par is not None and par != block else None
+                if above.__class__ is _Chain:
+                    above = _unchain(nodes, above, par)
                 if above is not None:
                     depth = above[1] + 1
                     above[2] += 1
@@ -623,6 +654,8 @@ class FleetState:
         steps, limit = 0, len(nodes)
         while up is not None and steps <= limit:  # the limit: a cycle of hashes stops
             node = nodes.get(up)
+            if node.__class__ is _Chain:
+                node = _unchain(nodes, node, up)
             if node is None:
                 break
             node[3] += added
@@ -909,10 +942,17 @@ def _prune(tree: _Tree, count: int) -> None:
     nodes, held = tree.nodes, tree.held
     gone = []
     for block, node in nodes.items():
-        if not node[2] and block not in held:
+        if node.__class__ is _Chain:
+            if block != node.hashes[-1] or block in held:
+                continue  # within a chain only its last block is a leaf
+            _unchain(nodes, node, block)  # values only: the dict's size is unchanged
             gone.append(block)
-            if len(gone) >= count:
-                break
+        elif not node[2] and block not in held:
+            gone.append(block)
+        else:
+            continue
+        if len(gone) >= count:
+            break
     for block in gone:
         del nodes[block]
 
