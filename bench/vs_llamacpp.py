@@ -12,14 +12,16 @@ kvscope / llama.cpp ratio per row:
   step, flash attention on and off);
 - prefill: a 500-token prompt, tokens/s.
 
-    .venv/bin/python bench/vs_llamacpp.py [--repeats 5] [--weights-dtype int4] [--threads 2]
+    .venv/bin/python bench/vs_llamacpp.py [--repeats 5] [--weights-dtype auto] [--threads 2]
 
 Building llama-cpp-python takes about 8.5 minutes here. ``--llamacpp recorded``
 (what ``auto`` falls back to when the cached build is absent) skips it and
 sets kvscope's fresh figures beside llama.cpp's recorded ones for this
 machine (DESIGN.md: same file, 2 threads, measured 2026-11); the table says
-which it used. kvscope's weights default to int4, the file's own 4-bit format
-(Q4_1's grid), as llama.cpp runs it; ``--weights-dtype auto`` is the engine's default.
+which it used; those were measured on an avx2-only CPU, so on another CPU only a
+run of the build compares. kvscope runs with the engine's defaults
+(``--weights-dtype auto``: int4 for this 4-bit file on the CPU, the file's own
+grid, as llama.cpp runs it); the table's first line says what auto resolved to.
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument(
-        "--weights-dtype", default="int4", choices=["auto", "fp32", "bf16", "int8", "int4"]
+        "--weights-dtype", default="auto", choices=["auto", "fp32", "bf16", "int8", "int4"]
     )
     ap.add_argument(
         "--llamacpp",
@@ -207,9 +209,14 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from app.progress import Progress
+    from engine.device import resolve_weights_dtype
     from engine.loader import default_model_path
 
     gguf = str(default_model_path())
+    weights = args.weights_dtype
+    if weights == "auto":
+        weights = f"auto ({resolve_weights_dtype('auto', 'cpu', gguf)})"
+    load_before = os.getloadavg()
     built = (LLAMA_VENV / "bin" / "python").exists()
     recorded = args.llamacpp == "recorded" or (args.llamacpp == "auto" and not built)
     llama_python = None if recorded else prepare_llamacpp()
@@ -286,6 +293,7 @@ def main() -> None:
                 "max_ratio_vs_best": max(samples["kvscope"]) / best,
             }
         )
+    load = f"load average {load_before[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
     if args.json:
         print(json.dumps(table))
         return
@@ -295,8 +303,8 @@ def main() -> None:
         else f"run alternately, medians of {args.repeats}"
     )
     print(
-        f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {args.threads} threads, kvscope weights {args.weights_dtype}, "
-        f"kvscope medians of {args.repeats}; llama.cpp {source}; tokens/s"
+        f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, {args.threads} threads, kvscope weights {weights}, "
+        f"kvscope medians of {args.repeats}; llama.cpp {source}; {load}; tokens/s"
     )
     print(
         f"| {'row':<18} | {'kvscope':>8} | {'kvscope max':>11} | {'llama.cpp':>9} | {'llama.cpp FA':>12} "
