@@ -31,7 +31,6 @@ from db.schema import FAILED
 from db.watch_writer import WatchBatch
 from engine.errors import KvscopeError
 
-START_TIMEOUT_S = 120.0  # spawning, imports and a resumed run's rebuild from its raw rows
 FINISH_TIMEOUT_S = 600.0  # the last batch and the final persist
 
 
@@ -62,12 +61,14 @@ class WriterProcess:
         )
         self._proc.start()
         child.close()
-        if not self._pipe.poll(START_TIMEOUT_S):
-            self._proc.kill()
-            raise KvscopeError("the watch's writer process did not start")
+        # Spawning and imports take a second or so; a resumed run's rebuild from its raw
+        # rows takes as long as its length: no time limit, only the child's life.
+        while not self._pipe.poll(0.5) and self._proc.is_alive():
+            pass
         try:
             kind, detail = self._pipe.recv()
-        except EOFError:
+        except (EOFError, OSError):
+            self._proc.join(5)
             kind, detail = "error", f"exit status {self._proc.exitcode}"
         if kind != "ready":
             self._proc.join(5)
