@@ -74,3 +74,43 @@ def same_blocks(original: ReplayTrace, derived: ReplayTrace) -> dict[int, int]:
             # one derived id never stands for two different blocks (that would be a false hit)
             assert truth.setdefault(d, r) == r, "a derived id names two different blocks"
     return truth
+
+
+def test_a_live_engine_runs_trace_names_its_token_pages(tmp_path):
+    """The engine itself (tiny model), preempting under a small KV budget: equal derived
+    ids exactly where two prompts share a whole prefix of full pages."""
+    from engine.engine import Engine
+    from engine.engine_config import EngineConfig
+    from engine.events import EventBus
+    from engine.sampler import SamplingParams
+    from profiler.recorder import Recorder
+    from tests.tiny_model import tiny_loaded
+
+    ps = 4
+    shared = list(range(1, 13))  # three full pages every prompt starts with
+    prompts = [shared + [20 + 3 * i + j for j in range(3 + i % 3 * 4)] for i in range(8)]
+    db = tmp_path / "live.db"
+    bus = EventBus()
+    engine = Engine(
+        EngineConfig(page_size=ps, kv_budget_bytes=24 * 1024), bus=bus, loaded=tiny_loaded()
+    )
+    recorder = Recorder(db, {"page_size": ps, "test": "trace"}, model="tiny")
+    bus.subscribe(recorder.on_event)
+    recorder.start()
+    for prompt in prompts:  # all at once: they contend for the pool
+        engine.add_request(prompt, SamplingParams(max_tokens=12, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    recorder.finish("complete")
+    conn = sqlite3.connect(db)
+    preempted = conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'request_preempted'")
+    assert preempted.fetchone()[0] > 0  # what this test is about
+
+    derived = trace_from_run(db, recorder.run_id)
+    assert [e.input_len for e in derived.entries] == [len(p) for p in prompts]
+    named: dict[tuple[int, ...], int] = {}  # a whole prefix of full pages -> its derived id
+    for prompt, entry in zip(prompts, derived.entries, strict=True):
+        assert len(entry.blocks) == len(prompt) // ps
+        for k, d in enumerate(entry.blocks):
+            assert named.setdefault(tuple(prompt[: (k + 1) * ps]), d) == d
+    assert len(set(named.values())) == len(named)  # and different prefixes, different ids
