@@ -147,6 +147,18 @@ def _cpu_parts(session: WatchSession) -> dict[str, float]:
     return parts
 
 
+def _peak_mib(proc: mp.Process | None) -> float | None:
+    """A child process's peak RSS so far (VmHWM), while it runs."""
+    if proc is None or proc.pid is None:
+        return None
+    try:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+    except OSError:
+        return None
+    line = next((x for x in status.splitlines() if x.startswith("VmHWM:")), None)
+    return None if line is None else int(line.split()[1]) / 1024
+
+
 def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
     proc, endpoints, go = _start_publishers(args, 1)
     specs = [s for e, r in endpoints for s in expand_sources(e, replay=r)]
@@ -178,6 +190,7 @@ def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
     # Before stop, which ends the threads and the writer process: it writes the last
     # batch or two after this, the CPU seconds leave that out.
     cpu = {k: v - cpu_before[k] for k, v in _cpu_parts(session).items()}
+    writer_mib = _peak_mib(getattr(session.recorder._writer, "_proc", None))
     status = session.stop()
     elapsed = time.perf_counter() - start
     proc.kill()
@@ -193,6 +206,7 @@ def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
         "lost": status.lost_batches,
         "cpu": cpu,
         "elapsed": elapsed,
+        "writer_mib": writer_mib,
     }
 
 
@@ -222,7 +236,12 @@ def main() -> None:
     )
     cpu = ", ".join(f"{name} {s:.2f}" for name, s in result["cpu"].items())
     print(f"CPU s while recording ({result['elapsed']:.2f} s, the last write left out): {cpu}")
-    print(f"peak RSS of the watching process: {peak_mib:,.0f} MiB")
+    writer = (
+        ""
+        if result["writer_mib"] is None
+        else f", of its writer process {result['writer_mib']:,.0f} MiB"
+    )
+    print(f"peak RSS of the watching process: {peak_mib:,.0f} MiB{writer}")
     if result["rows"] != result["expected"]:
         raise SystemExit("LOSS: the database does not hold every block event sent")
 
