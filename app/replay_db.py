@@ -20,7 +20,6 @@ from db.pages import _REPLAY_ORDER
 from db.runs import choose_run
 from db.store import open_db
 from engine.errors import KvscopeError
-from engine.miss_reasons import ROOT_CHAIN
 from engine.replay.traces import ReplayTrace, TraceEntry
 
 
@@ -70,13 +69,12 @@ class _PromptBlocks:
     them (finished, preempted, or a retreat before admission); its next allocation
     starts again at position 0: a recompute's re-match and recomputation, or a swap-in.
     A cached page names its content at once; a page the request computes is named when
-    the cache stores it (a page freed before that is never named for it). Content is the
-    stored block's chain hash (a recording before BlockStored carried hashes: the page
-    and how many times it was stored). Whatever a request holds at one position is one
-    block, so ids named at one position are merged (in older recordings, a block
-    recomputed after its eviction); and positions the cache did not store because it
-    had the block already (a request computing it at the same time) are named from the
-    stored pages' parents.
+    the cache stores it, or lists it as a copy of a block it has (computed at the same
+    time); a page freed before that is never named for it. Content is the block's chain
+    hash (in a recording from before BlockStored carried hashes: the page and how many
+    times it was stored). Whatever a request holds at one position is one block, so ids
+    named at one position are merged (in older recordings, a block recomputed after its
+    eviction).
     """
 
     def __init__(self) -> None:
@@ -84,7 +82,6 @@ class _PromptBlocks:
         self.by_content: dict[tuple[int, int], int] = {}  # (0, hash) or (page, n) -> id
         self.stores: dict[int, int] = {}  # page -> times stored (recordings without hashes)
         self.page_id: dict[int, int] = {}  # page -> content id of its latest store
-        self.up: dict[int, int] = {}  # content id -> its parent's in the tree
         self.merged: dict[int, int] = {}  # content id -> an id it was merged with
         self.cached: set[int] = set()
         self.slots: dict[int, list[int | None]] = {}  # request -> content id per position
@@ -134,12 +131,16 @@ class _PromptBlocks:
             else:
                 self.waiting.pop(p, None)
 
-    def stored(self, pages: list[int], hashes: list[int], parents: list[int]) -> None:
+    def copied(self, pages: list[int], hashes: list[int]) -> None:
+        """A request's pages holding blocks the cache has already (its own copies)."""
+        for p, h in zip(pages, hashes, strict=True):
+            for rid, pos in self.waiting.pop(p, ()):
+                self.name(rid, pos, self.content((0, h)))
+
+    def stored(self, pages: list[int], hashes: list[int]) -> None:
         for i, p in enumerate(pages):
             if i < len(hashes):
                 c = self.content((0, hashes[i]))
-                if parents[i] != ROOT_CHAIN:
-                    self.up[c] = self.content((0, parents[i]))
             else:
                 self.stores[p] = n = self.stores.get(p, 0) + 1
                 c = self.content((p, n))
@@ -147,13 +148,6 @@ class _PromptBlocks:
             self.cached.add(p)
             for rid, pos in self.waiting.pop(p, ()):
                 self.name(rid, pos, c)
-                slots, up = self.slots[rid], self.up.get(c)
-                while up is not None and pos > 0:  # earlier positions the cache had already
-                    pos -= 1
-                    if slots[pos] is not None and self.find(slots[pos]) == self.find(up):
-                        break
-                    self.name(rid, pos, up)
-                    up = self.up.get(up)
 
     def of(self, rid: int, n: int) -> list[int | None]:
         """The first ``n`` positions of request ``rid`` (None: never named)."""
@@ -172,7 +166,8 @@ def _prompt_blocks(events: list[tuple[str, int, str]]) -> _PromptBlocks:
             blocks.freed(rid, pages)
         elif kind == "block_stored":
             # older recordings have no hashes
-            blocks.stored(pages, values.get("hashes", []), values.get("parents", []))
+            blocks.stored(pages, values.get("hashes", []))
+            blocks.copied(values.get("copies", []), values.get("copy_hashes", []))
         else:
             blocks.cached.difference_update(pages)
     return blocks

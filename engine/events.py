@@ -210,16 +210,18 @@ class PrefixMiss(Event):
 
 @dataclass(frozen=True, slots=True)
 class BlockStored(Event):
-    """Pages the prefix cache now holds. ``hashes``: each one's chain hash (its whole
-    prefix's content, engine/miss_reasons.py), ``parents``: its parent's (0: the root),
-    as vLLM's ``block_hashes`` and ``parent_block_hash``: a recording names each
+    """Pages the prefix cache now holds, with ``hashes``: each one's chain hash (its whole
+    prefix's content, engine/miss_reasons.py; vLLM's ``block_hashes``). ``copies``: a
+    request's pages the cache did not take because it holds the same block already
+    (computed at the same time), with ``copy_hashes``. So a recording names each
     request's blocks by content (app/replay_db.py), across evictions and copies."""
 
     kind: ClassVar[str] = "block_stored"
     pages: tuple[int, ...]
     tokens: int
     hashes: tuple[int, ...] = ()
-    parents: tuple[int, ...] = ()
+    copies: tuple[int, ...] = ()
+    copy_hashes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -314,6 +314,7 @@ class RadixCache(PrefixCache):
             # copies of offloaded pages on the way.
             node, start_page = self.root, 0
         stored: list[int] = []
+        copies: list[tuple[int, Node]] = []  # the request's own copy of a block the tree has
         tick = next(self._clock)
         future = getattr(tokens, "next_use", None)
         refcount = self.pool.refcount
@@ -343,18 +344,21 @@ class RadixCache(PrefixCache):
                 self._attach(child, pages[i])
                 self.host_pages -= 1
                 stored.append(pages[i])
+            elif pages[i] != child.page:  # computed at the same time as the tree's copy
+                copies.append((pages[i], child))
             child.last_access = tick
             if future is not None:
                 child.next_use = future(i)
             refresh(child)
             node = child
         self.work.nodes += walked
-        if stored and self.bus.active:
-            nodes = [self._by_page[p] for p in stored]
+        if (stored or copies) and self.bus.active:
+            by_page = self._by_page
             self.bus.emit(
                 BlockStored(
                     now_ns(), self.step, tuple(stored), len(stored) * self.page_size,
-                    tuple(n.chain for n in nodes), tuple(n.parent.chain for n in nodes),
+                    tuple(by_page[p].chain for p in stored),
+                    tuple(p for p, _ in copies), tuple(n.chain for _, n in copies),
                 )
             )  # fmt: skip
         return node

@@ -54,7 +54,7 @@ def test_a_preempted_runs_trace_holds_its_requests_real_blocks(capsys, tmp_path,
     conn = sqlite3.connect(db)
     with conn:
         conn.execute(
-            "UPDATE events SET payload = json_remove(payload, '$.hashes', '$.parents') "
+            "UPDATE events SET payload = json_remove(payload, '$.hashes', '$.copies', '$.copy_hashes') "
             "WHERE kind = 'block_stored'"
         )
     conn.close()
@@ -114,3 +114,33 @@ def test_a_live_engine_runs_trace_names_its_token_pages(tmp_path):
         for k, d in enumerate(entry.blocks):
             assert named.setdefault(tuple(prompt[: (k + 1) * ps]), d) == d
     assert len(set(named.values())) == len(named)  # and different prefixes, different ids
+
+
+def test_identical_prompts_computed_together_get_one_id_per_page(tmp_path):
+    """Four equal prompts admitted in one step each compute every page; the cache keeps the
+    first copy, and the other three requests' copies still name that content."""
+    from engine.engine import Engine
+    from engine.engine_config import EngineConfig
+    from engine.events import EventBus
+    from engine.sampler import SamplingParams
+    from profiler.recorder import Recorder
+    from tests.tiny_model import tiny_loaded
+
+    db = tmp_path / "same.db"
+    bus = EventBus()
+    engine = Engine(
+        EngineConfig(page_size=4, kv_budget_bytes=1 << 20), bus=bus, loaded=tiny_loaded()
+    )
+    recorder = Recorder(db, {"page_size": 4, "test": "copies"}, model="tiny")
+    bus.subscribe(recorder.on_event)
+    recorder.start()
+    prompt = list(range(1, 19))  # four full pages and two tokens
+    for _ in range(4):
+        engine.add_request(prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    recorder.finish("complete")
+    entries = trace_from_run(db, recorder.run_id).entries
+    assert len(entries) == 4 and len(entries[0].blocks) == 4
+    assert all(e.blocks == entries[0].blocks for e in entries), [e.blocks for e in entries]
+    assert len(set(entries[0].blocks)) == 4
