@@ -270,6 +270,18 @@ def _check_host_memory(flag: str, size: int | None) -> None:
         )
 
 
+def _check_dummy_weights(model: str | None, weights_dtype: str) -> None:
+    """Dummy weights are drawn in host memory on the CPU: a shape too large for it can only
+    end in an allocation failure (or the OOM killer) partway through the draw."""
+    from engine.device import resolve_weights_dtype
+    from engine.dummy import dummy_config
+    from engine.sizing import WEIGHT_BYTES_PER_PARAM
+
+    dtype = resolve_weights_dtype(weights_dtype, "cpu", model, "dummy")
+    size = dummy_config(model).num_params * WEIGHT_BYTES_PER_PARAM[dtype]
+    _check_host_memory(f"--model {model}'s {dtype} weights:", int(size))
+
+
 def host_budget(args: argparse.Namespace, kv_budget: int | None) -> int:
     """The host tier's size: as given, else 256 MiB, and in InfLLM mode at least the KV
     budget (the tier holds each request's distant context: what full attention would keep
@@ -291,6 +303,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     device = resolve_device(args.device)
     if device == "cpu":
         _check_host_memory("--kv-budget", args.kv_budget)
+        if args.load_format == "dummy":
+            _check_dummy_weights(args.model, args.weights_dtype)
     return EngineConfig(
         model=args.model,
         kv_budget_bytes=None if args.memory_fraction is not None else args.kv_budget,
