@@ -19,11 +19,16 @@ CPU seconds each part took while recording (the watching process's subscriber
 and recorder threads, the writer process) and the peak RSS.
 
     .venv/bin/python bench/watch_rate.py [--sources 64] [--batches 200] [--blocks 16] [--stored 3]
+        [--writer process|thread] [--stages]
+
+``--stages`` times decoding, rows, inserts and folding apart instead (CPU
+seconds, one thread, no sockets): what each costs, whatever the machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import multiprocessing as mp
 import os
 import random
@@ -34,12 +39,15 @@ import time
 from pathlib import Path
 
 import common  # noqa: F401  (sets the import path)
+import msgpack
 import zmq
 
 from app.progress import Progress
 from profiler.watch.publisher import EventPublisher
 from profiler.watch.session import WatchSession
 from profiler.watch.sources import expand_sources
+
+FLUSH_AT = 2000  # batches a transaction: the recorder's flush_at
 
 
 def _payloads(pub: EventPublisher, rng: random.Random, args: argparse.Namespace) -> list[bytes]:
@@ -210,6 +218,73 @@ def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
     }
 
 
+class _Encoder:
+    """``_payloads``' publisher, without sockets: ``--stages`` publishes nothing."""
+
+    def encode(self, events: list) -> bytes:
+        return msgpack.packb([time.time(), events, 0])
+
+
+def stages(args: argparse.Namespace) -> None:
+    """CPU seconds of each stage of recording, timed apart on the same batches in one
+    thread with no sockets: decoding, rows, SQLite inserts, folding into the aggregates
+    (with their writes, a transaction per ``flush_at`` batches as the recorder makes)."""
+    from db.store import open_db
+    from db.watch_schema import BLOCK_COLUMNS
+    from db.watch_writer import WatchBatch, WatchWriter, _insert
+    from db.writer import create_run
+    from profiler.watch.rows import SourceAttrs, batch_rows
+    from profiler.watch.wire import decode_payload
+
+    rng = random.Random(7)
+    per_source = [_payloads(_Encoder(), rng, args) for _ in range(args.sources)]  # type: ignore[arg-type]
+    order = [(s, i, per_source[s][i]) for i in range(args.batches) for s in range(args.sources)]
+    gc.set_threshold(10_000, 10, 10)  # as kvscope watch runs
+    clock = time.process_time
+    t = clock()
+    decoded = [(s, i, decode_payload(payload)) for s, i, payload in order]
+    decode_s = clock() - t
+    attrs = {s: SourceAttrs() for s in range(args.sources)}
+    chunks = []
+    t = clock()
+    for k in range(0, len(decoded), FLUSH_AT):
+        blocks: list[tuple] = []
+        hash_lists: list = []
+        for s, i, batch in decoded[k : k + FLUSH_AT]:
+            batch_rows(s, i, 1_000_000_000 + i, batch, attrs[s], blocks, [], hash_lists)
+        chunks.append((blocks, hash_lists))
+    rows_s = clock() - t
+    with tempfile.TemporaryDirectory() as tmp:
+        db = open_db(Path(tmp) / "stages.db")
+        run_id = create_run(
+            db, kind="watch", model=None, config={}, hardware={}, versions={},
+            started_at=time.time(), start_ns=0,
+        )  # fmt: skip
+        writer = WatchWriter(db, run_id)
+        sql = _insert("watch_blocks", BLOCK_COLUMNS, run_id)
+        t = clock()
+        for blocks, _ in chunks:
+            with db.atomic():
+                db.conn.executemany(sql, blocks)
+        insert_s = clock() - t
+        state = writer.state
+        sources = [
+            (s, "events", "vllm", f"tcp://h:{s}", None, "", 0, 0) for s in range(args.sources)
+        ]
+        writer.write(WatchBatch(sources=sources))
+        t = clock()
+        for blocks, hash_lists in chunks:
+            with db.atomic():
+                state.apply(blocks, hash_lists)
+                state.persist(db.conn)
+            gc.freeze()
+        fold_s = clock() - t
+        db.conn.close()
+    n = args.sources * args.batches * 2 * args.stored * args.blocks
+    print(f"{n:,} block events, CPU s: decode {decode_s:.3f}, rows {rows_s:.3f}, "
+          f"inserts {insert_s:.3f}, folding {fold_s:.3f} ({n / fold_s / 1e6:.2f} M/s)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sources", type=int, default=64)
@@ -220,7 +295,13 @@ def main() -> None:
         "--writer", choices=("process", "thread"), default="process",
         help="where the watch writes from (kvscope watch: a process of its own)",
     )  # fmt: skip
+    parser.add_argument(
+        "--stages", action="store_true", help="only the CPU seconds of each stage, timed apart"
+    )
     args = parser.parse_args()
+    if args.stages:
+        stages(args)
+        return
     blocks_per_batch = 2 * args.stored * args.blocks
     base = baseline(args, blocks_per_batch)
     with tempfile.TemporaryDirectory() as tmp:
