@@ -20,8 +20,9 @@ the step still in flight: a ``TokenFeed`` copies it on the device, after the
 staging copy, so the host never waits for it.
 
 The CSR page table of a decode step is kept for the next one (``DecodeTable``):
-while the same requests keep decoding, a step inserts only the pages they grew
-into, instead of rebuilding every request's page list.
+while requests keep decoding, a step drops the rows of those that left and
+inserts only the pages the others grew into, instead of rebuilding every
+request's page list.
 """
 
 from __future__ import annotations
