@@ -144,6 +144,12 @@ class WatchRecorder:
                     db_path, self.run_id, rows_written=written or 0, freeze_gc=freeze_gc
                 )
             except BaseException:
+                # Nothing will write this run: it ended before it began.
+                self._db.execute(
+                    "UPDATE runs SET status = ?, ended_at = ? WHERE id = ?",
+                    (FAILED, time.time(), self.run_id),
+                )
+                self._db.conn.commit()
                 self._db.conn.close()
                 raise
         else:
