@@ -1,9 +1,10 @@
 """``app.replay_db.trace_from_run``: a recorded run with preemptions (recompute and swap)
 becomes a trace whose hash ids are its requests' real prompt blocks.
 
-The recording is a roofline replay of the Mooncake slice under overload: the engine's
-own scheduler, KV manager and radix cache emit the page events, and the trace it
-replayed gives each request's true hash ids to compare with."""
+The recordings: a roofline replay of the Mooncake slice under overload (the engine's
+own scheduler, KV manager and radix cache emit the page events; the trace it replayed
+gives each request's true hash ids), and live tiny-model engine runs whose prompts give
+the true pages."""
 
 from __future__ import annotations
 
@@ -15,8 +16,14 @@ import pytest
 
 from app.cli import main
 from app.replay_db import trace_from_run
+from engine.engine import Engine
+from engine.engine_config import EngineConfig
+from engine.events import EventBus
 from engine.replay import ReplayConfig, ReplayDriver, read_replay_trace
 from engine.replay.traces import ReplayTrace
+from engine.sampler import SamplingParams
+from profiler.recorder import Recorder
+from tests.tiny_model import tiny_loaded
 
 SLICE = Path(__file__).parent / "data" / "mooncake_conversation_head400.jsonl"
 LIMIT = 250
@@ -76,71 +83,52 @@ def same_blocks(original: ReplayTrace, derived: ReplayTrace) -> dict[int, int]:
     return truth
 
 
-def test_a_live_engine_runs_trace_names_its_token_pages(tmp_path):
-    """The engine itself (tiny model), preempting under a small KV budget: equal derived
-    ids exactly where two prompts share a whole prefix of full pages."""
-    from engine.engine import Engine
-    from engine.engine_config import EngineConfig
-    from engine.events import EventBus
-    from engine.sampler import SamplingParams
-    from profiler.recorder import Recorder
-    from tests.tiny_model import tiny_loaded
-
-    ps = 4
-    shared = list(range(1, 13))  # three full pages every prompt starts with
-    prompts = [shared + [20 + 3 * i + j for j in range(3 + i % 3 * 4)] for i in range(8)]
-    db = tmp_path / "live.db"
+def record_tiny_run(db: Path, prompts: list[list[int]], kv_budget: int, max_tokens: int) -> int:
+    """Run ``prompts`` (all added at once) through the engine with the tiny model, page size
+    4, recorded to ``db``; returns the run's id."""
     bus = EventBus()
     engine = Engine(
-        EngineConfig(page_size=ps, kv_budget_bytes=24 * 1024), bus=bus, loaded=tiny_loaded()
+        EngineConfig(page_size=4, kv_budget_bytes=kv_budget), bus=bus, loaded=tiny_loaded()
     )
-    recorder = Recorder(db, {"page_size": ps, "test": "trace"}, model="tiny")
+    recorder = Recorder(db, {"page_size": 4, "test": "trace"}, model="tiny")
     bus.subscribe(recorder.on_event)
     recorder.start()
-    for prompt in prompts:  # all at once: they contend for the pool
-        engine.add_request(prompt, SamplingParams(max_tokens=12, ignore_eos=True))
+    for prompt in prompts:
+        engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     while engine.has_unfinished():
         engine.step()
     recorder.finish("complete")
+    return recorder.run_id
+
+
+def test_a_live_engine_runs_trace_names_its_token_pages(tmp_path):
+    """The engine itself (tiny model), preempting under a small KV budget: equal derived
+    ids exactly where two prompts share a whole prefix of full pages."""
+    shared = list(range(1, 13))  # three full pages every prompt starts with
+    prompts = [shared + [20 + 3 * i + j for j in range(3 + i % 3 * 4)] for i in range(8)]
+    db = tmp_path / "live.db"
+    run_id = record_tiny_run(db, prompts, kv_budget=24 * 1024, max_tokens=12)
     conn = sqlite3.connect(db)
     preempted = conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'request_preempted'")
     assert preempted.fetchone()[0] > 0  # what this test is about
 
-    derived = trace_from_run(db, recorder.run_id)
+    derived = trace_from_run(db, run_id)
     assert [e.input_len for e in derived.entries] == [len(p) for p in prompts]
     named: dict[tuple[int, ...], int] = {}  # a whole prefix of full pages -> its derived id
     for prompt, entry in zip(prompts, derived.entries, strict=True):
-        assert len(entry.blocks) == len(prompt) // ps
+        assert len(entry.blocks) == len(prompt) // 4
         for k, d in enumerate(entry.blocks):
-            assert named.setdefault(tuple(prompt[: (k + 1) * ps]), d) == d
+            assert named.setdefault(tuple(prompt[: (k + 1) * 4]), d) == d
     assert len(set(named.values())) == len(named)  # and different prefixes, different ids
 
 
 def test_identical_prompts_computed_together_get_one_id_per_page(tmp_path):
     """Four equal prompts admitted in one step each compute every page; the cache keeps the
     first copy, and the other three requests' copies still name that content."""
-    from engine.engine import Engine
-    from engine.engine_config import EngineConfig
-    from engine.events import EventBus
-    from engine.sampler import SamplingParams
-    from profiler.recorder import Recorder
-    from tests.tiny_model import tiny_loaded
-
-    db = tmp_path / "same.db"
-    bus = EventBus()
-    engine = Engine(
-        EngineConfig(page_size=4, kv_budget_bytes=1 << 20), bus=bus, loaded=tiny_loaded()
-    )
-    recorder = Recorder(db, {"page_size": 4, "test": "copies"}, model="tiny")
-    bus.subscribe(recorder.on_event)
-    recorder.start()
     prompt = list(range(1, 19))  # four full pages and two tokens
-    for _ in range(4):
-        engine.add_request(prompt, SamplingParams(max_tokens=3, ignore_eos=True))
-    while engine.has_unfinished():
-        engine.step()
-    recorder.finish("complete")
-    entries = trace_from_run(db, recorder.run_id).entries
+    db = tmp_path / "same.db"
+    run_id = record_tiny_run(db, [prompt] * 4, kv_budget=1 << 20, max_tokens=3)
+    entries = trace_from_run(db, run_id).entries
     assert len(entries) == 4 and len(entries[0].blocks) == 4
     assert all(e.blocks == entries[0].blocks for e in entries), [e.blocks for e in entries]
     assert len(set(entries[0].blocks)) == 4
