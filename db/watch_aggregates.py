@@ -26,10 +26,11 @@ report mode full re-announces every hit block of a request in the step that
 hits it, and removes each physical block once): counting those as copies made
 held blocks drift upward until the next clear.
 
-Folding runs at fleet rates (millions of block events a second over a watch of
-64 engines), so the state is ints in dicts, no object per held block, and the
-usual event (new blocks stored, or blocks held once removed) is folded with a
-few C-level dict and set operations per event, not several per block.
+Folding has to keep up with a whole fleet's stream, so the state is ints in
+dicts, no object per held block, and the usual event (new blocks stored, or
+blocks held once removed) is folded with a few C-level dict and set operations
+per event, not several per block; an event's chain of new blocks stays one
+record in the prefix tree until one of them is needed (``_Chain``).
 
 Media and groups are stored as ``''`` and ``-1`` when the engine sent none
 (SQLite's primary keys treat NULLs as distinct). Series come in bucket widths
