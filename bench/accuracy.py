@@ -9,6 +9,9 @@ format under test.
 
     .venv/bin/python bench/accuracy.py [--tokens 3000] [--only weights]
 
+int4 is also scored in 1-token chunks, every position a 1-row step as in decode (the
+path ``--weights-dtype auto`` decodes this 4-bit file with on the CPU).
+
 Weight formats other than fp32 run with bf16 activations end to end (the
 engine's rule since the decode-path rework): the bf16 row is the cost of bf16
 activations and weights together, against the goals of +0.2% perplexity and
@@ -57,10 +60,10 @@ def fixed_text() -> str:
     return "\n\n".join(parts)
 
 
-def evaluate(loaded, ids: list[int], **config) -> tuple[torch.Tensor, float]:
+def evaluate(loaded, ids: list[int], chunk: int = 256, **config) -> tuple[torch.Tensor, float]:
     """Log-probabilities at every position and the bytes one token of KV costs."""
     engine = Engine(EngineConfig(kv_budget_bytes=1 << 30, **config), loaded=loaded)
-    logits = engine.score(ids, chunk=256)[:-1].float()
+    logits = engine.score(ids, chunk=chunk)[:-1].float()
     return F.log_softmax(logits, -1), engine.bytes_per_token
 
 
@@ -92,7 +95,10 @@ def main() -> None:
     ids = loaded.codec.encode(fixed_text())[: args.tokens]
     target = torch.tensor(ids[1:])
     kv_formats = list(KV_DTYPES) if args.only == "all" else []
-    weight_formats = ["fp32", "bf16", "int8", "int4"]
+    # (format, chunk): int4 also in 1-token chunks, each position a 1-row step, as decode
+    # runs it (layers on one thread, the one-row RMSNorm): what --weights-dtype auto decodes
+    # with for this 4-bit file on the CPU.
+    weight_formats = [("fp32", 256), ("bf16", 256), ("int8", 256), ("int4", 256), ("int4", 1)]
     # One unit per scoring pass: the fp32 reference, each KV dtype, each weights dtype.
     progress = Progress(1 + len(kv_formats) + len(weight_formats), "scoring passes")
     reference, _ = evaluate(loaded, ids)
@@ -110,10 +116,11 @@ def main() -> None:
             }
         )
     weight_rows = []
-    for fmt in weight_formats:
-        logp, _ = evaluate(loaded, ids, weights_dtype=fmt)
+    for fmt, chunk in weight_formats:
+        logp, _ = evaluate(loaded, ids, chunk, weights_dtype=fmt)
         progress.advance()
-        weight_rows.append({"weights_dtype": fmt, **compare(logp, reference, target, ref_ppl)})
+        name = fmt if chunk > 1 else f"{fmt}, 1-token steps (decode)"
+        weight_rows.append({"weights_dtype": name, **compare(logp, reference, target, ref_ppl)})
     if args.json:
         print(json.dumps({"tokens": len(ids), "kv": kv_rows, "weights": weight_rows}))
         return
@@ -143,6 +150,9 @@ def main() -> None:
             [[r["weights_dtype"], *cells(r)] for r in weight_rows],
         )
     )
+    from engine.device import resolve_weights_dtype
+
+    print(f"--weights-dtype auto is {resolve_weights_dtype('auto', 'cpu', loaded.source)} here")
     bf16 = next(r for r in weight_rows if r["weights_dtype"] == "bf16")
     ok = bf16["ppl_change_pct"] <= 0.2 and bf16["top1_agreement"] >= 0.97
     print(
