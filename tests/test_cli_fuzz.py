@@ -251,8 +251,8 @@ def test_watch_numeric_flags(tmp_path):
             assert_clean(argv, code, err)
     # A duration or scrape interval that is not a positive finite number never starts a watch
     # (an infinite one never stopped; NaN exited 0 at once).
-    for flag in ("--duration", "--scrape-interval"):
-        for value in ("inf", "nan", "0", "-1", "1e308"):
+    for flag in ("--duration", "--scrape-interval", "--keep-raw"):
+        for value in ("inf", "nan", "0", "-1", "1e308", "1e300d"):
             argv = ["watch", db, "--source", "tcp://127.0.0.1:1", flag, value]
             code, _, err = call(argv)
             assert_clean(argv, code, err)

@@ -7,7 +7,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+# Appended, not prepended: bench/ has modules named like tests/ helpers (dash_callbacks).
+sys.path.append(str(Path(__file__).resolve().parents[1] / "bench"))
 
 import launch_count  # noqa: E402
 

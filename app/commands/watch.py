@@ -138,6 +138,9 @@ def _specs(args: argparse.Namespace) -> list:
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+MAX_DURATION_S = 3650 * 86400.0
+
+
 def parse_duration(text: str, flag: str) -> float:
     """``90``, ``90s``, ``30m``, ``12h``, ``7d`` as seconds (positive and finite)."""
     value = text.strip().lower()
@@ -151,6 +154,9 @@ def parse_duration(text: str, flag: str) -> float:
         ) from None
     if not math.isfinite(seconds) or seconds <= 0:
         raise KvscopeError(f"{flag} {text!r} must be a positive, finite duration")
+    if seconds > MAX_DURATION_S:
+        # Durations become int nanoseconds downstream; 1e308 s would overflow there.
+        raise KvscopeError(f"{flag} {text!r} is longer than the most kvscope takes (3650d)")
     return seconds
 
 
