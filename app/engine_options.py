@@ -194,10 +194,8 @@ def add_engine_options(
         choices=WEIGHT_DTYPES,
         default="auto",
         help="weight storage: fp32 (exact), bf16, int8, int4 (CPU; Q4_1's grid, the fastest "
-        "single-stream format there), or auto: on the CPU int4 for a 4-bit GGUF such as the "
-        "default SmolLM2 Q4_1 file (its own precision, as llama.cpp runs it), else bf16 where "
-        "the device runs it natively (CUDA, CPUs with avx512_bf16/AMX), else fp32; "
-        "pass fp32 for the exact path (default auto)",
+        "single-stream format there), or auto: bf16 where the device runs it "
+        "natively (CUDA, CPUs with avx512_bf16/AMX), else fp32 (default auto)",
     )
     g.add_argument(
         "--attention-mode",
@@ -277,7 +275,7 @@ def _check_dummy_weights(model: str | None, weights_dtype: str) -> None:
     from engine.dummy import dummy_config
     from engine.sizing import WEIGHT_BYTES_PER_PARAM
 
-    dtype = resolve_weights_dtype(weights_dtype, "cpu", model, "dummy")
+    dtype = resolve_weights_dtype(weights_dtype, "cpu")
     size = dummy_config(model).num_params * WEIGHT_BYTES_PER_PARAM[dtype]
     _check_host_memory(f"--model {model}'s {dtype} weights:", int(size))
 

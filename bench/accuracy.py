@@ -152,7 +152,7 @@ def main() -> None:
     )
     from engine.device import resolve_weights_dtype
 
-    print(f"--weights-dtype auto is {resolve_weights_dtype('auto', 'cpu', loaded.source)} here")
+    print(f"--weights-dtype auto is {resolve_weights_dtype('auto', 'cpu')} here")
     bf16 = next(r for r in weight_rows if r["weights_dtype"] == "bf16")
     ok = bf16["ppl_change_pct"] <= 0.2 and bf16["top1_agreement"] >= 0.97
     print(

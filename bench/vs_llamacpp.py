@@ -20,8 +20,9 @@ sets kvscope's fresh figures beside llama.cpp's recorded ones for this
 machine (DESIGN.md: same file, 2 threads, measured 2026-11); the table says
 which it used; those were measured on an avx2-only CPU, so on another CPU only a
 run of the build compares. kvscope runs with the engine's defaults
-(``--weights-dtype auto``: int4 for this 4-bit file on the CPU, the file's own
-grid, as llama.cpp runs it); the table's first line says what auto resolved to.
+(``--weights-dtype auto``: bf16 on a CPU with avx512_bf16/AMX, else fp32), or with
+``--weights-dtype int4``, the file's own 4-bit grid, as llama.cpp runs it; the table's
+first line says what auto resolved to.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ LLAMA_VENV = (
     Path(os.environ.get("KVSCOPE_CACHE", Path.home() / ".cache" / "kvscope")) / "llamacpp-venv"
 )
 LLAMA_VERSION = "0.3.36"
+# The caller's OpenMP wait policy, read before anything imports the engine, which sets
+# OMP_WAIT_POLICY=PASSIVE for its own process (engine/__init__.py). llama.cpp (ggml built
+# with OpenMP) runs with the caller's environment, not the engine's: with passive waiting
+# it decoded 43-56 tok/s at 1 sequence here, with its default 151-194 (2026-12-01).
+CALLER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
 NEW_TOKENS = 64
 # llama.cpp on this machine (2-core AMD EPYC, avx2/fma), same Q4_1 file, 2 threads, tokens/s,
 # as DESIGN.md records them: (without, with flash attention); prefill has one figure.
@@ -179,9 +185,9 @@ def prompts_for(mode: str, count: int) -> list[str]:
     ]
 
 
-def measure(cmd: list[str], prompts: list[str]) -> float:
+def measure(cmd: list[str], prompts: list[str], env: dict[str, str] | None = None) -> float:
     proc = subprocess.run(
-        cmd, input=json.dumps(prompts), capture_output=True, text=True, timeout=900
+        cmd, input=json.dumps(prompts), capture_output=True, text=True, timeout=900, env=env
     )
     if proc.returncode != 0:
         raise SystemExit(f"benchmark subprocess failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -215,8 +221,11 @@ def main() -> None:
     gguf = str(default_model_path())
     weights = args.weights_dtype
     if weights == "auto":
-        weights = f"auto ({resolve_weights_dtype('auto', 'cpu', gguf)})"
+        weights = f"auto ({resolve_weights_dtype('auto', 'cpu')})"
     load_before = os.getloadavg()
+    llama_env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if CALLER_OMP_WAIT_POLICY is not None:
+        llama_env["OMP_WAIT_POLICY"] = CALLER_OMP_WAIT_POLICY
     built = (LLAMA_VENV / "bin" / "python").exists()
     recorded = args.llamacpp == "recorded" or (args.llamacpp == "auto" and not built)
     llama_python = None if recorded else prepare_llamacpp()
@@ -260,6 +269,7 @@ def main() -> None:
                         str(args.threads),
                     ],
                     prompts,
+                    llama_env,
                 )
             )
             samples["llama.cpp FA"].append(
@@ -275,6 +285,7 @@ def main() -> None:
                         str(args.threads),
                     ],
                     prompts,
+                    llama_env,
                 )
             )
             progress.advance()

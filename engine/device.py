@@ -3,13 +3,9 @@
 ``--device auto`` means the first CUDA device when torch sees one, else the
 CPU. Asking for CUDA where there is none is a one-line ``KvscopeError``, not
 a torch traceback at the first tensor. ``--weights-dtype auto`` picks bf16
-on CUDA. On the CPU, weights read from a 4-bit GGUF file run as int4: the
-file's own precision, as llama.cpp runs it (Q4_1's grid holds a Q4_1 file's
-values exactly; bf16 would round them), and single-stream decode there is
-bound by reading weights, so int4 (a quarter of bf16's bytes) decoded twice
-as fast as bf16 at 1 sequence and about as fast at 32 on an avx512_bf16 CPU.
-Other weights take bf16 where the CPU runs it natively (avx512_bf16 or AMX)
-and fp32 elsewhere, where bf16 would be emulated and slower than fp32.
+where matmuls run natively in bf16 (every CUDA GPU kvscope targets, CPUs
+with avx512_bf16 or AMX) and fp32 elsewhere, where bf16 would be emulated
+and slower than fp32.
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ from __future__ import annotations
 import re
 import warnings
 from functools import cache
-from pathlib import Path
 
 from engine.errors import KvscopeError
 from engine.presets import Device, device_preset, match_driver_name
@@ -61,50 +56,12 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
 
 
-def resolve_weights_dtype(
-    name: str, device: str, model: str | None = None, load_format: str = "auto"
-) -> str:
-    """``auto`` -> ``bf16`` on CUDA; on the CPU ``int4`` when ``model`` (None: the default
-    SmolLM2 file) is a 4-bit GGUF read from disk, else ``bf16`` on a bf16-capable CPU and
-    ``fp32`` on others. Other names unchanged."""
+def resolve_weights_dtype(name: str, device: str) -> str:
+    """``auto`` -> ``bf16`` on CUDA or a bf16-capable CPU, else ``fp32``; other names unchanged."""
     if name != "auto":
         return name
-    if device.startswith("cuda"):
-        return "bf16"
-    if load_format == "auto" and four_bit_gguf(model):
-        return "int4"
-    return "bf16" if cpu_has_native_bf16() else "fp32"
-
-
-def four_bit_gguf(model: str | None) -> bool:
-    """True when ``model`` names a GGUF file whose layer weights are mostly 4-bit.
-
-    Anything that is not such a file (a preset shape, a Hugging Face folder, a
-    missing or corrupt path) is False here: the loader reports those errors.
-    """
-    from engine.errors import ModelLoadError
-
-    if model is not None and (model.startswith("preset:") or not model.endswith(".gguf")):
-        return False
-    try:
-        if model is None:
-            from engine.loader import default_model_path
-
-            path = default_model_path()
-        else:
-            path = Path(model)
-        st = path.stat()
-        return _four_bit_file(str(path.resolve()), st.st_size, st.st_mtime_ns)
-    except (ModelLoadError, OSError, ValueError):
-        return False
-
-
-@cache
-def _four_bit_file(path: str, size: int, mtime_ns: int) -> bool:
-    """``is_four_bit``, once per file version (size and mtime are part of the key)."""
-    from engine.gguf_file import is_four_bit
-
-    return is_four_bit(Path(path))
+    native = device.startswith("cuda") or cpu_has_native_bf16()
+    return "bf16" if native else "fp32"
 
 
 def synchronize(device: str) -> None:

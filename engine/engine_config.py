@@ -83,9 +83,7 @@ class EngineConfig:
             f"load format must be one of {', '.join(LOAD_FORMATS)}",
         )
         self.device = resolve_device(self.device)
-        self.weights_dtype = resolve_weights_dtype(
-            self.weights_dtype, self.device, self.model, self.load_format
-        )
+        self.weights_dtype = resolve_weights_dtype(self.weights_dtype, self.device)
         check(
             self.async_scheduling in ASYNC_SCHEDULING,
             f"async scheduling must be one of {', '.join(ASYNC_SCHEDULING)}",
