@@ -60,7 +60,8 @@ class RequestRow:
     preemptions: int
     finish_reason: str | None
     rejected_reason: str | None
-    # Its missed prompt tokens by reason, summed over its admissions (db/miss_reasons.py).
+    # Its missed prompt tokens by reason, at its first admission (db/miss_reasons.py): a
+    # re-admission after a recompute preemption records none (nor counts in the hit rate).
     missed_cold: int | None = None
     missed_capacity: int | None = None
     missed_granularity: int | None = None
