@@ -68,8 +68,7 @@ class WatchWriter:
             "SELECT applied_rowid, raw_trimmed_before FROM watch_agg_state WHERE run_id = ?", (r,)
         ).fetchone()
         has_rows = folded is not None and folded[0] > 0
-        trimmed = None if folded is None else (folded[1],)
-        if has_rows and trimmed and trimmed[0] is not None:
+        if has_rows and folded[1] is not None:
             raise KvscopeError(
                 f"run {r} kept only recent raw events (--keep-raw): its cache state "
                 "cannot be rebuilt to continue it; start a new watch"
