@@ -136,9 +136,10 @@ class WatchRecorder:
         # A watching process of its own (kvscope watch: freeze_gc) writes from a child
         # process, so that SQLite and the aggregates no longer share its GIL with the
         # decoding (profiler.watch.writer_process); tests write from a thread.
-        self._process = freeze_gc if writer_process is None else writer_process
+        if writer_process is None:
+            writer_process = freeze_gc
         self._writer: WatchWriter | WriterProcess
-        if self._process:
+        if writer_process:
             try:
                 self._writer = WriterProcess(
                     db_path, self.run_id, rows_written=written or 0, freeze_gc=freeze_gc
