@@ -7,6 +7,7 @@ import asyncio
 import csv
 import json
 import sqlite3
+from collections.abc import Iterator
 
 import long_recording
 import pytest
@@ -147,15 +148,18 @@ def test_tui_app_mounts_the_watch_view_for_a_watch_run(recording, follow: bool) 
     assert {"switch_run", "help", "quit"} <= actions
 
 
-def _ids(component) -> set[str]:
-    """The string ids in a component tree (the time graphs' pattern ids left out)."""
-    component_id = getattr(component, "id", None)
-    found = {component_id} if isinstance(component_id, str) else set()
+def _tree(component) -> Iterator:
+    """A component and every component under it, depth first."""
+    yield component
     children = getattr(component, "children", None)
     for child in children if isinstance(children, list | tuple) else [children]:
         if child is not None and not isinstance(child, str):
-            found |= _ids(child)
-    return found - {None}
+            yield from _tree(child)
+
+
+def _ids(component) -> set[str]:
+    """The string ids in a component tree (the time graphs' pattern ids left out)."""
+    return {c.id for c in _tree(component) if isinstance(getattr(c, "id", None), str)}
 
 
 def test_dashboard_routes_a_watch_run_to_its_page(recording) -> None:
@@ -197,24 +201,11 @@ def test_report_on_a_watch_run(recording, tmp_path) -> None:
 
 
 def _find(component, component_id: str):
-    if getattr(component, "id", None) == component_id:
-        return component
-    children = getattr(component, "children", None)
-    for child in children if isinstance(children, list | tuple) else [children]:
-        if child is not None and not isinstance(child, str):
-            found = _find(child, component_id)
-            if found is not None:
-                return found
-    return None
+    return next((c for c in _tree(component) if getattr(c, "id", None) == component_id), None)
 
 
 def _figures(component) -> list:
-    found = [component.figure] if isinstance(component, dcc.Graph) else []
-    children = getattr(component, "children", None)
-    for child in children if isinstance(children, list | tuple) else [children]:
-        if child is not None and not isinstance(child, str):
-            found += _figures(child)
-    return found
+    return [c.figure for c in _tree(component) if isinstance(c, dcc.Graph)]
 
 
 POISON = 10**9
