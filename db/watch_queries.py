@@ -283,12 +283,10 @@ def window_span_s(source: Source, run_id: int, window: Window | None) -> float:
 
 def _width(conn: sqlite3.Connection, run_id: int, window: Window | None, points: int) -> int:
     """The finest bucket width that shows ``window`` in at most about ``points`` buckets."""
-    lo, hi = conn.execute(
-        "SELECT MIN(bucket), MAX(bucket) FROM watch_series WHERE run_id = ? AND width_s = 1",
-        (run_id,),
-    ).fetchone()
-    if lo is None:
+    seconds = _seconds_span(conn, run_id)
+    if seconds is None:
         return BUCKET_WIDTHS_S[0]
+    lo, hi = seconds[0], seconds[1] - 1
     if window is not None:
         lo = max(lo, int(window.start_s)) if window.start_s is not None else lo
         hi = min(hi, int(window.end_s)) if window.end_s is not None else hi
