@@ -12,7 +12,7 @@ runs this one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,11 +36,12 @@ class TokenFeed:
     tokens: torch.Tensor
     dst: list[int]
     src: list[int]
+    # Row i takes token i for every fed row: one slice copy, no index tensors. Computed
+    # once: staging and ``apply`` both ask, and each test is O(rows).
+    in_order: bool = field(init=False)
 
-    @property
-    def in_order(self) -> bool:
-        """Row i takes token i for every fed row: one slice copy, no index tensors."""
-        return self.dst == self.src and self.dst == list(range(len(self.dst)))
+    def __post_init__(self) -> None:
+        self.in_order = self.dst == self.src == list(range(len(self.dst)))
 
     def apply(
         self,
