@@ -67,7 +67,7 @@ class SampledTokens:
     immediate.
     """
 
-    __slots__ = ("device", "drawn", "_params", "_generators", "_host", "_event")
+    __slots__ = ("device", "drawn", "_params", "_generators", "_host", "_buffer", "_event")
 
     def __init__(
         self,
@@ -89,10 +89,14 @@ class SampledTokens:
         else:
             payload = greedy
         self._event = None
-        if payload.device.type == "cuda":
+        self._buffer = None
+        if payload.is_cuda:  # (``.device.type`` builds a torch.device: ten times the cost)
             n = payload.numel()
             if pinned is None or pinned.numel() < n or pinned.dtype != payload.dtype:
                 pinned = torch.empty(n, dtype=payload.dtype, pin_memory=True)
+            # The whole buffer is handed on, not this step's slice: a smaller step
+            # must not shrink what the next, larger one finds.
+            self._buffer = pinned
             host = pinned[:n]
             host.copy_(payload, non_blocking=True)
             self._event = torch.cuda.Event()
@@ -107,9 +111,10 @@ class SampledTokens:
         return not self.drawn
 
     @property
-    def pinned(self) -> torch.Tensor:
-        """The host buffer the tokens land in (a later step may reuse it once read)."""
-        return self._host
+    def pinned(self) -> torch.Tensor | None:
+        """The pinned host buffer the tokens land in, None on the CPU (a later step may
+        reuse it once these are read)."""
+        return self._buffer
 
     def tolist(self) -> list[int]:
         """The tokens on the host: waits for the copy, then draws the sampled rows."""
