@@ -207,6 +207,15 @@ def last_window(source: Source, run_id: int, seconds: int | None) -> Window | No
     return Window(max(end - seconds, 0.0), end)
 
 
+def named_window(source: Source, run_id: int, name: str | None) -> tuple[str, Window | None]:
+    """One of ``WINDOWS`` by name (None or an unknown name: the whole session): the
+    name shown, and its window (``last_window``)."""
+    seconds = dict(WINDOWS).get(name or "")
+    if seconds is None:
+        return WINDOWS[0][0], None
+    return name, last_window(source, run_id, seconds)
+
+
 def window_label(window: Window | None) -> str:
     if window is None:
         return "whole session"

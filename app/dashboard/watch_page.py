@@ -530,9 +530,8 @@ def render(
     if zoom:
         window = q.Window(zoom["start_s"], zoom["end_s"])
         return layout(load(source, run_id, window), ZOOMED)
-    seconds = dict(q.WINDOWS).get(window_name or "")
-    name = window_name if seconds else WINDOW_NAMES[0]
-    return layout(load(source, run_id, q.last_window(source, run_id, seconds)), name)
+    name, window = q.named_window(source, run_id, window_name)
+    return layout(load(source, run_id, window), name)
 
 
 class Renderer:

@@ -191,8 +191,7 @@ class WatchSnapshot:
 def snapshot(source: q.Source, run_id: int, window_name: str | None = None) -> WatchSnapshot:
     """What the view shows for one of ``watch_queries.WINDOWS`` (by name; None:
     the whole session), from the recorder's aggregates (no raw events read)."""
-    seconds = dict(q.WINDOWS).get(window_name or "")
-    window = q.last_window(source, run_id, seconds)
+    name, window = q.named_window(source, run_id, window_name)
     return WatchSnapshot(
         q.watch_sources(source, run_id),
         q.block_stats(source, run_id, window),
@@ -200,7 +199,7 @@ def snapshot(source: q.Source, run_id: int, window_name: str | None = None) -> W
         q.prefix_tree(source, run_id, top=5),
         q.incidents(source, run_id, newest=8, window=window),
         q.misses(source, run_id, window),
-        window_name if seconds else q.WINDOWS[0][0],
+        name,
         window,
         [] if window is None else [m for m in q.misses(source, run_id) if m.source is None],
     )
