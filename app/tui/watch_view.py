@@ -3,9 +3,11 @@
 Pure renderers over ``db.watch_queries`` results (tested without a terminal)
 and one widget, ``WatchView``, that re-queries the database on a timer in a
 worker thread (one at a time, and only when something was written or the
-window changed: ``w`` cycles ``watch_queries.WINDOWS``) and repaints. The queries read the recorder's aggregates, so a refresh costs the
-same an hour into a busy fleet as in its first minute. Registering it in the TUI is mounting
-``WatchView(db_path, run_id)`` when the selected run's kind is ``watch``.
+window changed: ``w`` cycles ``watch_queries.WINDOWS``) and repaints. The
+queries read the recorder's aggregates, so a refresh costs the same an hour
+into a busy fleet as in its first minute. Registering it in the TUI is
+mounting ``WatchView(db_path, run_id)`` when the selected run's kind is
+``watch``.
 """
 
 from __future__ import annotations
