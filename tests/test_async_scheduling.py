@@ -195,6 +195,30 @@ def test_incremental_page_table_equals_a_rebuilt_one():
     assert kept.rebuilds == 3
 
 
+def test_the_graph_path_takes_fed_tokens_in_and_out_of_order():
+    """CUDA's decode-graph path, run here on the CPU: rows fed in order (one slice copy)
+    and, after a request left, out of order (index lists staged in the graph's buffers)."""
+    prompts = [[3 + i] * (2 + 3 * i) for i in range(5)]
+    params = [SamplingParams(max_tokens=4 + 3 * i, ignore_eos=True) for i in range(5)]
+
+    def run(engine: Engine) -> list[list[int]]:
+        ids = [engine.add_request(p, q) for p, q in zip(prompts, params, strict=True)]
+        done = {o.request_id: o.token_ids for o in engine.stream() if o.finished}
+        return [done[i] for i in ids]
+
+    serial = run(tiny_engine(200, async_scheduling="off", max_num_seqs=8))
+    engine = tiny_engine(200, async_scheduling="on", max_num_seqs=8)
+    pages_per_seq = -(-engine.max_request_tokens // engine.config.page_size)
+    [scratch] = engine.kv.pool.allocate(1)
+    engine.runner.capture_decode_graphs(8, pages_per_seq, pad_page=scratch)
+    graphs = engine.runner.graphs
+    stage, feeds = graphs.stage, []
+    graphs.stage = lambda *args: feeds.append(args[-1]) or stage(*args)
+    assert run(engine) == serial
+    orders = Counter(f.in_order for f in feeds if f is not None)
+    assert orders[True] > 5 and orders[False] > 0, orders
+
+
 def test_steady_decode_updates_the_page_table_instead_of_rebuilding():
     engine = tiny_engine(400, async_scheduling="off")
     for i in range(6):
