@@ -15,7 +15,12 @@ the child sees its pipe close and marks the run failed, so the file is left
 readable and resumable; if the child dies, the watching process counts what it
 could not hand over as dropped and says why (``error``). Every transaction the
 child commits holds raw rows and their aggregates together, so a crash loses
-the batch in flight, never the consistency of what is on disk.
+the batches in flight, never the consistency of what is on disk; and nothing is
+lost uncounted: the watching process keeps the rows it handed over that the
+child has not yet answered for (written or failed), and counts those as dropped
+when the child dies. If the child's own last write fails (a full disk, a locked
+database), it says so in one ``kvscope: error:`` line and exits non-zero, and
+the watching process marks the run failed.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import marshal
 import multiprocessing as mp
 import os
 import signal
+import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -52,6 +58,9 @@ class WriterProcess:
         self.failed_rows = 0  # rows the child could not write (or never got): dropped
         self.trimmed_rows = 0
         self.error: str | None = None  # why the child failed a write, or died
+        # Rows handed over that the child has not answered for: lost if it dies.
+        self._unanswered = 0
+        self._fatal = False  # the child said why it stops: its death adds nothing
         self._finished = False  # the child said it finished: its pipe's end is no news
         ctx = mp.get_context("spawn")  # never fork: an SQLite connection must not cross it
         self._pipe, child = ctx.Pipe()
@@ -90,9 +99,14 @@ class WriterProcess:
                 kind = answer[0]
                 if kind == "written":
                     self.rows_written = answer[1]
+                    self._unanswered -= answer[2]
                 elif kind == "failed":
+                    self._unanswered -= answer[1]
                     self.failed_rows += answer[1]
                     self.error = answer[2]
+                elif kind == "fatal":
+                    self.error = answer[1]
+                    self._fatal = True
                 elif kind == "trimmed":
                     self.trimmed_rows += answer[1]
                 elif kind == "finished":
@@ -104,25 +118,32 @@ class WriterProcess:
         return last
 
     def _died(self) -> None:
+        """The child is gone (its answers all read): what it never answered for is lost."""
         self._proc.join(1.0)
-        if self.error is None or self._proc.exitcode is not None:
+        if not self._fatal and (self.error is None or self._proc.exitcode is not None):
             self.error = f"the watch's writer process died (exit status {self._proc.exitcode})"
+        self.failed_rows += self._unanswered
+        self._unanswered = 0
+
+    def _gone(self, rows: int) -> bool:
+        """A send found the child dead: read what it answered before, count the rest."""
+        self._collect()  # up to the pipe's end, which calls _died
+        self._died()  # (again: idempotent) if its answers had all been read already
+        self.failed_rows += rows
+        return False
 
     def _send(self, message: tuple, rows: int = 0) -> bool:
         if self._proc.exitcode is not None:
-            self._died()
-            self.failed_rows += rows
-            return False
+            return self._gone(rows)
         try:
             # marshal, not pickle: plain tuples, lists, ints and strings, dumped in a
             # quarter of pickle's time (a one-hash chunk is 64,000 rows and as many
             # hash lists), by the same interpreter that loads them.
             self._pipe.send_bytes(marshal.dumps(message))
-            return True
         except (BrokenPipeError, EOFError, OSError):
-            self._died()
-            self.failed_rows += rows
-            return False
+            return self._gone(rows)
+        self._unanswered += rows
+        return True
 
     def write(self, batch: WatchBatch, dropped_rows: int = 0) -> None:
         """Hand ``batch`` over: returns once the child has it (while it writes the one
@@ -156,11 +177,32 @@ class WriterProcess:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
+        if not self._finished:  # died, failed or was killed: what it held is lost
+            self._collect()
+            self._died()
         self._pipe.close()
 
 
 def _serve(db_path: str, run_id: int, rows_written: int, freeze_gc: bool, pipe: Connection) -> None:
-    """The child: write what the watching process hands over until it says finish."""
+    """The child: write what the watching process hands over until it says finish.
+
+    What it cannot recover from (its last write failing, mostly) ends it with one
+    ``kvscope: error:`` line and exit status 1, never multiprocessing's traceback."""
+    try:
+        _serve_until_finished(db_path, run_id, rows_written, freeze_gc, pipe)
+    except Exception as exc:
+        reason = f"the watch's writer process: {exc}"
+        try:
+            pipe.send(("fatal", reason))
+        except (OSError, ValueError):  # the watching process is gone too
+            pass
+        print(f"kvscope: error: {reason}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def _serve_until_finished(
+    db_path: str, run_id: int, rows_written: int, freeze_gc: bool, pipe: Connection
+) -> None:
     from db.store import open_db
     from db.watch_writer import WatchWriter
 
@@ -201,7 +243,7 @@ def _serve(db_path: str, run_id: int, rows_written: int, freeze_gc: bool, pipe: 
                 continue
             if freeze_gc:
                 gc.freeze()
-            pipe.send(("written", writer.rows_written))
+            pipe.send(("written", writer.rows_written, len(batch.blocks) + len(batch.raw)))
         elif kind == "trim":
             try:
                 pipe.send(("trimmed", writer.trim_raw(message[1])))
@@ -209,7 +251,10 @@ def _serve(db_path: str, run_id: int, rows_written: int, freeze_gc: bool, pipe: 
                 pipe.send(("trimmed", 0))
         elif kind == "finish":
             _, status, dropped = message
-            writer.finish(status, dropped)
-            db.conn.close()
+            try:
+                writer.finish(status, dropped)
+                db.conn.close()
+            except Exception as exc:  # a full disk, a locked database: _serve says it
+                raise KvscopeError(f"ending run {run_id} failed: {exc}") from exc
             pipe.send(("finished", writer.rows_written))
             return
