@@ -139,6 +139,10 @@ class Engine:
     ) -> None:
         self.config = config = config or EngineConfig()
         self.device = config.device
+        if self.device.startswith("cuda"):
+            # Streams, events and Triton launches default to the current device: on cuda:N
+            # (N > 0) an event recorded on device 0's stream would not fence our copies.
+            torch.cuda.set_device(torch.device(self.device))
         self.bus = bus or EventBus()
         if loaded is None:
             load = dummy_shell if config.load_format == "dummy" else load_model
