@@ -6,6 +6,13 @@ write also refreshes the run's heartbeat, so readers tell a live watch from a
 dead one the same way they do for a run, and folds the block rows into the
 aggregates the views read (``db.watch_aggregates``), in the same transaction:
 a view never has to replay the raw events.
+
+The aggregates' state lives in memory and changes as the rows are folded in,
+before the transaction commits: a transaction that fails after that point (a
+full disk at the persist or the commit) is rolled back on disk but not in
+memory, so the state is then rebuilt from the rows the file holds before
+anything else is written; never would a later write store aggregates of rows
+the file does not have.
 """
 
 from __future__ import annotations
@@ -74,15 +81,8 @@ class WatchWriter:
                 "cannot be rebuilt to continue it; start a new watch"
             )
         # A run written before (a resumed watch) continues from its folded state.
-        if has_rows:
-            with db.atomic():
-                self.state = rebuild(db.conn, r)
-        else:
-            self.state = FleetState(r, run_origin(db.conn, r))
-        for source, engine in db.execute(
-            "SELECT source, engine FROM watch_sources WHERE run_id = ? AND kind = 'events'", (r,)
-        ).fetchall():
-            self.state.add_source(source, engine)
+        self.state = self._folded_state(has_rows)
+        self._stale = False  # the state holds rows a failed transaction did not store
         self._statements = (
             ("sources", _insert("watch_sources", SOURCE_COLUMNS, r)),
             ("blocks", _insert("watch_blocks", BLOCK_COLUMNS, r)),
@@ -97,38 +97,81 @@ class WatchWriter:
             ),
         )
 
+    def _folded_state(self, has_rows: bool) -> FleetState:
+        """The run's state: folded from its rows (``has_rows``), or a new one."""
+        db, r = self.db, self.run_id
+        if has_rows:
+            with db.atomic():
+                state = rebuild(db.conn, r)
+        else:
+            state = FleetState(r, run_origin(db.conn, r))
+        for source, engine in db.execute(
+            "SELECT source, engine FROM watch_sources WHERE run_id = ? AND kind = 'events'", (r,)
+        ).fetchall():
+            state.add_source(source, engine)
+        return state
+
+    def _refold(self) -> bool:
+        """After a failed transaction, the state as of what the file holds; False if it
+        cannot be had (raw rows trimmed: --keep-raw), the state left as it was."""
+        (trimmed,) = self.db.execute(
+            "SELECT raw_trimmed_before FROM watch_agg_state WHERE run_id = ?", (self.run_id,)
+        ).fetchone() or (None,)
+        if trimmed is not None:
+            return False
+        self.state = self._folded_state(has_rows=True)
+        self._stale = False
+        return True
+
     def write(self, batch: WatchBatch, dropped_rows: int = 0) -> None:
         """Insert a batch and refresh the run's heartbeat and counters, atomically."""
+        if self._stale and not self._refold():
+            raise KvscopeError(
+                f"run {self.run_id}: a failed write left its aggregates behind and its raw "
+                "rows were trimmed (--keep-raw), so they cannot be rebuilt: not written"
+            )
         conn = self.db.conn
         state = self.state
         for row in batch.sources:
             if row[1] == "events":
                 state.add_source(row[0], row[2])
-        with self.db.atomic():
-            for name, sql in self._statements:
-                rows = getattr(batch, name)
-                if rows:
-                    conn.executemany(sql, rows)
-            if batch.blocks:
-                state.apply(batch.blocks, batch.hash_lists)
-                state.applied_rowid = conn.execute(
-                    "SELECT MAX(rowid) FROM watch_blocks"
-                ).fetchone()[0]
-            state.persist(conn)
-            if batch.model is not None:
+        rows_written = self.rows_written + len(batch.blocks) + len(batch.raw)
+        folding = False
+        try:
+            with self.db.atomic():
+                for name, sql in self._statements:
+                    rows = getattr(batch, name)
+                    if rows:
+                        conn.executemany(sql, rows)
+                # From here the state changes with the transaction (apply folds rows
+                # in, persist hands its deltas over), not as the transaction does.
+                folding = True
+                if batch.blocks:
+                    state.apply(batch.blocks, batch.hash_lists)
+                    state.applied_rowid = conn.execute(
+                        "SELECT MAX(rowid) FROM watch_blocks"
+                    ).fetchone()[0]
+                state.persist(conn)
+                if batch.model is not None:
+                    conn.execute(
+                        "UPDATE runs SET model = ? WHERE id = ? AND model IS NULL",
+                        (batch.model, self.run_id),
+                    )
                 conn.execute(
-                    "UPDATE runs SET model = ? WHERE id = ? AND model IS NULL",
-                    (batch.model, self.run_id),
+                    "UPDATE runs SET heartbeat = ?, events_written = ?, dropped_events = ? "
+                    "WHERE id = ?",
+                    (time.time(), rows_written, dropped_rows, self.run_id),
                 )
-            self.rows_written += len(batch.blocks) + len(batch.raw)
-            conn.execute(
-                "UPDATE runs SET heartbeat = ?, events_written = ?, dropped_events = ? WHERE id = ?",
-                (time.time(), self.rows_written, dropped_rows, self.run_id),
-            )
+        except BaseException:
+            self._stale = self._stale or folding  # rebuilt before the next write
+            raise
+        self.rows_written = rows_written
 
     def trim_raw(self, before_ns: int) -> int:
         """Delete this run's raw block and unknown-event rows older than ``before_ns``
         (``--keep-raw``); the aggregates the views read stay. Returns rows deleted."""
+        if self._stale:
+            self._refold()  # while the rows to rebuild the state from are all there
         r = self.run_id
         with self.db.atomic():
             conn = self.db.conn
@@ -154,9 +197,13 @@ class WatchWriter:
         """Mark the run ended with ``status``."""
         if status not in FINAL_STATUSES:
             raise ValueError(f"final status must be one of {FINAL_STATUSES}, not {status!r}")
+        # A state that cannot be rebuilt is not written: the file's aggregates are
+        # those of the last write that succeeded, as its rows are.
+        persist = not self._stale or self._refold()
         now = time.time()
         with self.db.atomic():
-            self.state.persist(self.db.conn, final=True)
+            if persist:
+                self.state.persist(self.db.conn, final=True)
             self.db.execute(
                 """UPDATE runs SET status = ?, ended_at = ?, heartbeat = ?, dropped_events = ?
                    WHERE id = ?""",
