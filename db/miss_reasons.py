@@ -1,8 +1,8 @@
 """Reads of why prompt tokens missed the prefix cache: per request and for a whole run.
 
-The engine records one ``prefix_miss`` event per admission (engine/miss_reasons.py
-explains the four reasons); a request admitted again after a preemption has
-one per admission, and its figures are their sum, as its hit tokens are.
+The engine records one ``prefix_miss`` event per request, at its first admission
+(engine/miss_reasons.py explains the four reasons); a request admitted again after a
+preemption records none, as its re-lookup is left out of the hit rate (vLLM's rule).
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def run_miss_reasons(source: Source, run_id: int) -> MissCounts | None:
 def request_miss_reasons(
     source: Source, run_id: int, at: Position | None = None
 ) -> dict[int, MissCounts]:
-    """Each request's missed tokens by reason, summed over its admissions (those up to
-    the position ``at``, if given)."""
+    """Each request's missed tokens by reason, from its first admission (if it is at or
+    before the position ``at``, when given)."""
     with connection(source) as conn:
         rows = _query(conn, run_id, at, by_request=True)
     return {row[-1]: _counts(row[:-1]) for row in rows}

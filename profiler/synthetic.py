@@ -180,9 +180,12 @@ class SyntheticRun:
                     break
                 waiting.pop(0)
                 hit = min(self.cached_groups.get(req.group, 0), req.prompt - 1)
-                self.events.append(PrefixLookup(now, step, req.rid, req.prompt, hit))
-                truth.prefix_queried_tokens += req.prompt
-                truth.prefix_hit_tokens += hit
+                self.events.append(
+                    PrefixLookup(now, step, req.rid, req.prompt, hit, preempted=req.preempted)
+                )
+                if not req.preempted:  # the hit rate counts a request's first lookup only
+                    truth.prefix_queried_tokens += req.prompt
+                    truth.prefix_hit_tokens += hit
                 if req.preempted:
                     self.events.append(RequestResumed(now, step, req.rid, "recompute"))
                 if not req.scheduled:
