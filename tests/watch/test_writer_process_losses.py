@@ -12,12 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
+from watch_helpers import wait_until
+from watch_payloads import vllm_stored
 
 from db.schema import COMPLETE
 from db.store import open_db
 from db.watch_schema import OP_STORED
 from db.watch_writer import WatchBatch
 from db.writer import create_run
+from profiler.watch.session import WatchSession
+from profiler.watch.sources import expand_sources
 from profiler.watch.writer_process import WriterProcess
 
 SOURCE = (0, "events", "vllm", "tcp://a:1", None, "", None, 0)
@@ -162,3 +166,41 @@ def test_a_failed_last_write_says_one_error_line_not_a_traceback(
     finally:
         conn.close()
     assert (status, written) == ("running", 100)  # not ended: the recorder marks it failed
+
+
+def test_a_watch_whose_writer_is_killed_counts_its_losses_in_the_run(
+    tmp_path: Path, publishers
+) -> None:
+    """End to end (real sockets, recorder, child): killed while it holds rows it was
+    handed (its write waiting on a lock another connection holds), the run's row says
+    they and those received after were dropped: stored + dropped = received."""
+    pub = publishers()
+    path = tmp_path / "w.db"
+    session = WatchSession(path, expand_sources(pub.endpoint), writer_process=True).start()
+    pub.wait_for_subscribers()
+
+    def publish(first: int, count: int) -> None:
+        for h in range(first, first + count):
+            pub.publish([vllm_stored([h + 1])])
+        wait_until(lambda: session.status().batches == first + count)
+
+    publish(0, 100)
+    wait_until(lambda: session.status().rows_written == 100)
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    publish(100, 100)
+    wait_until(lambda: session.status().queued == 0)  # all handed to the child
+    time.sleep(0.3)
+    os.kill(session.recorder._writer._proc.pid, signal.SIGKILL)
+    locker.execute("ROLLBACK")
+    locker.close()
+    publish(200, 100)
+    status = session.stop()
+    assert status.block_events == 300
+    conn = sqlite3.connect(path)
+    try:
+        (stored,) = conn.execute("SELECT COUNT(*) FROM watch_blocks").fetchone()
+        run = conn.execute("SELECT status, events_written, dropped_events FROM runs").fetchone()
+    finally:
+        conn.close()
+    assert (stored, *run) == (100, "failed", 100, 200)
