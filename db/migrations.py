@@ -13,7 +13,7 @@ from collections.abc import Callable
 from sqlite_utils import Database
 
 from db.schema import APPLICATION_ID
-from db.watch_aggregates import create_aggregate_tables, rebuild_all
+from db.watch_aggregates import add_prefill_series, create_aggregate_tables, rebuild_all
 from db.watch_schema import create_watch_tables, drop_raw_run_index
 from engine.errors import KvscopeError
 
@@ -198,6 +198,13 @@ def _v7_watch_raw_unindexed(db: Database) -> None:
     drop_raw_run_index(db)
 
 
+def _v8_watch_prefill_series(db: Database) -> None:
+    """``watch_series.new_blocks`` and ``both_misses``: a window's shares of prefill
+    (issue 23). Filled by folding again runs that hold all their raw rows; NULL
+    for runs trimmed by ``--keep-raw``."""
+    add_prefill_series(db)
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_initial,
     _v2_liveness_and_metrics,
@@ -206,6 +213,7 @@ MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v5_page_map_holds,
     _v6_watch_aggregates,
     _v7_watch_raw_unindexed,
+    _v8_watch_prefill_series,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

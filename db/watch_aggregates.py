@@ -13,7 +13,7 @@ the same transaction as the raw rows:
 | ``watch_agg_state`` | run: the last ``watch_blocks`` rowid folded in |
 | ``watch_source_stats`` | source: stored, new, removed, re-announced, recomputed after eviction, routing misses, clears, lifetimes |
 | ``watch_live`` | (source, medium, group): blocks held and their copies |
-| ``watch_series`` | (bucket width, bucket, source, medium): stored, removed, live at the bucket's end, recomputed, routing misses |
+| ``watch_series`` | (bucket width, bucket, source, medium): stored, removed, live at the bucket's end, recomputed, routing misses, new (prefill) blocks, both misses at once (the last two since schema v8; NULL in buckets recorded before it whose raw rows were trimmed) |
 | ``watch_fleet_series`` | (bucket width, bucket, engine kind): blocks on >= 2 sources, extra copies (end, peak) |
 | ``watch_fleet`` | engine kind: duplication now and at peak, prefix-tree node counts |
 | ``watch_histograms`` | (source, histogram, bin): lifetime, idle before eviction, reuse gap, removal-to-restore |
@@ -85,6 +85,14 @@ STAT_COLUMNS = (
     "resets",
     "lifetime_count",
     "lifetime_sum_s",
+)
+
+
+# watch_series' columns after run_id, in the order persist writes them; new_blocks and
+# both_misses since schema v8 (add_prefill_series)
+SERIES_COLUMNS = (
+    "width_s, bucket, source, medium, stored, removed, live, recomputed, routing_misses, "
+    "new_blocks, both_misses"
 )
 
 
@@ -279,7 +287,7 @@ class FleetState:
         self.trees: dict[str, _Tree] = {}
         self.applied_rowid = 0
         # deltas since the last persist: (width, bucket, source, medium) -> [stored,
-        # removed, live, recomputed, routing]; live is the value at the last event
+        # removed, live, recomputed, routing, new, both]; live is the value at the last event
         self._series: dict[tuple, list[int]] = {}
         self._fleet_series: dict[
             tuple, list[int]
@@ -288,6 +296,7 @@ class FleetState:
         self._prefixes_dirty = False
         # (source, medium) -> _note_entries' last answer; reset with the dicts above
         self._note_at: dict[tuple, tuple] = {}
+        self._series_sql: tuple[str, int] | None = None  # _series_sql's, on the first persist
 
     # --- feeding ----------------------------------------------------------------------
 
@@ -324,7 +333,7 @@ class FleetState:
         # timestamp and medium (a batch's events, mostly), not once per event: sums
         # over the run, the values at its end, the fleet's peak within it.
         run_src = run_source = run_ts = run_m = None
-        run = [0, 0, 0, 0]  # stored, removed, recomputed, routing
+        run = [0, 0, 0, 0, 0, 0]  # stored, removed, recomputed, routing, new, both
         peak = -1
         for row, hashes in zip(rows, hash_lists, strict=True):
             source, _seq, ts_ns, op, text, parent, medium, group, _n = row
@@ -332,7 +341,7 @@ class FleetState:
             if source != run_source or ts_ns != run_ts or m != run_m:
                 if run_src is not None:
                     note(run_src, run_source, run_m, run_ts, run, peak)
-                    run = [0, 0, 0, 0]
+                    run = [0, 0, 0, 0, 0, 0]
                     peak = -1
                 run_src = sources.get(source)
                 if run_src is None:
@@ -355,7 +364,7 @@ class FleetState:
             elif op in (OP_CLEARED, OP_RESET):
                 if run[0] or run[1] or peak >= 0:
                     note(run_src, run_source, run_m, run_ts, run, peak)
-                    run = [0, 0, 0, 0]
+                    run = [0, 0, 0, 0, 0, 0]
                 self._clear(run_src, source, ts_ns, op)
                 peak = -1
                 run_src = run_source = None  # the clear noted itself
@@ -370,7 +379,7 @@ class FleetState:
     def _note(self, src: _Source, source: int, medium: str, ts_ns: int, run: list[int],
               peak: int) -> None:  # fmt: skip
         """A run's figures into the series of each bucket width: ``run`` (stored,
-        removed, recomputed, routing) added, live blocks and the fleet's duplication
+        removed, recomputed, routing, new, both) added, live blocks and the fleet's duplication
         as they are now, the fleet's peak within the run."""
         tree = src.tree
         dup, extra = tree.duplicated, tree.extra
@@ -384,7 +393,7 @@ class FleetState:
         if cached is None or cached[0] != rel // 1_000_000_000:
             cached = self._note_entries(src, source, medium, rel)
         _, s1, s2, s3, f1, f2, f3 = cached
-        stored, removed, recomputed, routing = run
+        stored, removed, recomputed, routing, new, both = run
         live = src.held_blocks(medium)
         for s in (s1, s2, s3):
             s[0] += stored
@@ -392,6 +401,8 @@ class FleetState:
             s[2] = live
             s[3] += recomputed
             s[4] += routing
+            s[5] += new
+            s[6] += both
         for f in (f1, f2, f3):
             f[0] = dup
             f[1] = extra
@@ -407,7 +418,7 @@ class FleetState:
             b = rel // (w * 1_000_000_000)
             entry = series.get((w, b, source, medium))
             if entry is None:
-                entry = series[(w, b, source, medium)] = [0, 0, 0, 0, 0]
+                entry = series[(w, b, source, medium)] = [0, 0, 0, 0, 0, 0, 0]
             mine.append(entry)
             entry = fleet.get((w, b, src.engine))
             if entry is None:
@@ -437,6 +448,7 @@ class FleetState:
             counts[_STORED] += 1
             counts[_NEW] += 1
             run[0] += 1
+            run[4] += 1
             evicted = src.evicted
             removed_at = evicted.pop(block, None) if evicted else None
             if removed_at is not None:
@@ -450,6 +462,7 @@ class FleetState:
                 run[3] += 1
                 if removed_at is not None:
                     counts[_BOTH] += 1
+                    run[5] += 1
                 tree.extra += 1
                 if mask & (mask - 1) == 0:
                     tree.duplicated += 1
@@ -491,7 +504,7 @@ class FleetState:
                 shelf.copies += n
                 evicted = src.evicted
                 back = None
-                recomputed = routing = 0
+                recomputed = routing = both = 0
                 if evicted:
                     back = evicted.keys() & hashes
                     if back:
@@ -508,7 +521,7 @@ class FleetState:
                         if mask:
                             routing += 1  # another source of this engine kind holds it
                             if back and h in back:
-                                counts[_BOTH] += 1
+                                both += 1
                             tree.extra += 1
                             if mask & (mask - 1) == 0:
                                 tree.duplicated += 1
@@ -519,9 +532,12 @@ class FleetState:
                 counts[_NEW] += n
                 counts[_RECOMPUTED] += recomputed
                 counts[_ROUTING] += routing
+                counts[_BOTH] += both
                 run[0] += n
                 run[2] += recomputed
                 run[3] += routing
+                run[4] += n
+                run[5] += both
                 self._grow(tree, hashes, parent, bit, distinct=True)
                 return tree.extra
             for h in hashes:  # a hash twice in the event: undone, and taken block by block
@@ -585,6 +601,8 @@ class FleetState:
         run[0] += len(hashes)
         run[2] += recomputed
         run[3] += routing
+        run[4] += new
+        run[5] += both
 
     def _grow(self, tree: _Tree, hashes: list[int], parent: int | None, bit: int, *,
               distinct: bool = False) -> None:  # fmt: skip
@@ -829,7 +847,7 @@ class FleetState:
             src.on_source.clear()
         src.evicted.clear()  # a reset is not a capacity miss: what follows is a fresh cache
         for m in {m for m, _ in src.shelves}:
-            self._note(src, source, m, ts_ns, [0, 0, 0, 0], -1)
+            self._note(src, source, m, ts_ns, [0, 0, 0, 0, 0, 0], -1)
 
     # --- what the views read -------------------------------------------------------------
 
@@ -869,14 +887,10 @@ class FleetState:
             ],
         )
         if self._series:
-            conn.executemany(
-                f"INSERT INTO watch_series VALUES ({r}, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT DO UPDATE SET stored = stored + excluded.stored, "
-                "removed = removed + excluded.removed, live = excluded.live, "
-                "recomputed = recomputed + excluded.recomputed, "
-                "routing_misses = routing_misses + excluded.routing_misses",
-                [(*k, *v) for k, v in self._series.items()],
-            )
+            if self._series_sql is None:
+                self._series_sql = _series_sql(conn, r)
+            sql, counts = self._series_sql
+            conn.executemany(sql, [(*k, *v[:counts]) for k, v in self._series.items()])
             self._series = {}
         if self._fleet_series:
             conn.executemany(
@@ -934,6 +948,29 @@ class FleetState:
             "ON CONFLICT DO UPDATE SET applied_rowid = excluded.applied_rowid",
             (r, self.applied_rowid),
         )
+
+
+def _series_sql(conn: sqlite3.Connection, run_id: int) -> tuple[str, int]:
+    """The upsert of series deltas and how many of an entry's counts it writes: all
+    seven, or the first five where ``watch_series`` is older than schema v8 (migration
+    6 folds runs before migration 8 adds the columns, and folds them again)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(watch_series)")}
+    sql = (
+        "ON CONFLICT DO UPDATE SET stored = stored + excluded.stored, "
+        "removed = removed + excluded.removed, live = excluded.live, "
+        "recomputed = recomputed + excluded.recomputed, "
+        "routing_misses = routing_misses + excluded.routing_misses"
+    )
+    if "new_blocks" not in columns:
+        return f"INSERT INTO watch_series VALUES ({run_id}, {', '.join('?' * 9)}) {sql}", 5
+    return (
+        f"INSERT INTO watch_series (run_id, {SERIES_COLUMNS}) VALUES ({run_id}, "
+        f"{', '.join('?' * 11)}) {sql}, "
+        # NULL (recorded before v8, raw rows trimmed) stays NULL: still unknown
+        "new_blocks = new_blocks + excluded.new_blocks, "
+        "both_misses = both_misses + excluded.both_misses",
+        7,
+    )
 
 
 def _prune(tree: _Tree, count: int) -> None:
@@ -999,8 +1036,28 @@ def rebuild(conn: sqlite3.Connection, run_id: int, chunk: int = 50_000) -> Fleet
     return state
 
 
-def rebuild_all(conn: sqlite3.Connection) -> None:
-    """Every watch run's aggregates from its raw rows (migration 6)."""
-    runs = [r[0] for r in conn.execute("SELECT id FROM runs WHERE kind = 'watch' ORDER BY id")]
+def rebuild_all(conn: sqlite3.Connection, *, untrimmed_only: bool = False) -> list[int]:
+    """Every watch run's aggregates from its raw rows (migration 6); ``untrimmed_only``:
+    only runs that still hold all their raw rows (no ``--keep-raw`` trim). Returns
+    the runs rebuilt."""
+    sql = "SELECT id FROM runs WHERE kind = 'watch'"
+    if untrimmed_only:
+        sql += (
+            " AND id NOT IN (SELECT run_id FROM watch_agg_state "
+            "WHERE raw_trimmed_before IS NOT NULL)"
+        )
+    runs = [r[0] for r in conn.execute(sql + " ORDER BY id")]
     for run_id in runs:
         rebuild(conn, run_id)
+    return runs
+
+
+def add_prefill_series(db) -> None:
+    """Schema v8: per-bucket new (prefill) blocks and both-at-once misses in
+    ``watch_series``, so a window's shares of prefill are the window's. Runs whose
+    raw rows are all there are folded again to fill them; buckets of runs trimmed
+    by ``--keep-raw`` stay NULL (their state at the trim is gone): the views say
+    the shares are unknown there."""
+    db.execute("ALTER TABLE watch_series ADD COLUMN new_blocks INTEGER")
+    db.execute("ALTER TABLE watch_series ADD COLUMN both_misses INTEGER")
+    rebuild_all(db.conn, untrimmed_only=True)

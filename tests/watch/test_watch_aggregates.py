@@ -230,6 +230,12 @@ def test_evicted_memory_is_bounded_and_forgets_the_oldest(tmp_path: Path, monkey
     assert stats.recomputed == 1  # 5 was remembered; 1 was the oldest, forgotten
 
 
+def _drop_v8_columns(db) -> None:
+    """A file as schema 7 left it: ``watch_series`` without migration 8's columns."""
+    db.execute("ALTER TABLE watch_series DROP COLUMN new_blocks")
+    db.execute("ALTER TABLE watch_series DROP COLUMN both_misses")
+
+
 def test_a_migrated_database_gets_its_aggregates(tmp_path: Path) -> None:
     """A watch recorded before schema 6 (no aggregates) shows the same figures."""
     path = tmp_path / "old.db"
@@ -257,6 +263,7 @@ def test_a_version_6_database_still_reads_and_continues(tmp_path: Path) -> None:
         WatchBatch(blocks=[_row(0, 0.0, OP_STORED, [1, 2]), _row(0, 1.0, OP_REMOVED, [1])])
     )
     db.execute("CREATE INDEX watch_blocks_run ON watch_blocks (run_id)")
+    _drop_v8_columns(db)
     db.execute("PRAGMA user_version = 6")
     db.conn.commit()
     db.conn.close()
