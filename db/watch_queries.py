@@ -250,15 +250,24 @@ def _window_seconds(conn: sqlite3.Connection, run_id: int, window: Window) -> tu
     return lo, max(hi, lo)
 
 
+# What a view says where a window's prefill is unknown: buckets that schema v8's
+# migration could not fill (their raw rows were trimmed by --keep-raw before it).
+SHARES_UNKNOWN = "shares unknown for this window (recorded before v8)"
+
+
 @dataclass(frozen=True, slots=True)
 class WindowCounts:
-    """One source's block events in a window, summed from the series buckets in it."""
+    """One source's block events in a window, summed from the series buckets in it.
+    ``new_blocks`` (prefill) and ``both`` are None when any bucket in the window
+    lacks them (``SHARES_UNKNOWN``)."""
 
     source: int
     stored: int
     removed: int
     recomputed: int
     routing_misses: int
+    new_blocks: int | None = None
+    both: int | None = None
 
 
 def window_counts(source: Source, run_id: int, window: Window) -> dict[int, WindowCounts]:
@@ -269,11 +278,15 @@ def window_counts(source: Source, run_id: int, window: Window) -> dict[int, Wind
         if not tiles:
             return {}
         one = (
-            "SELECT source, stored, removed, recomputed, routing_misses FROM watch_series "
+            "SELECT source, stored, removed, recomputed, routing_misses, new_blocks, "
+            "both_misses FROM watch_series "
             "WHERE run_id = ? AND width_s = ? AND bucket BETWEEN ? AND ?"
         )
         rows = conn.execute(
-            "SELECT source, SUM(stored), SUM(removed), SUM(recomputed), SUM(routing_misses) "
+            "SELECT source, SUM(stored), SUM(removed), SUM(recomputed), SUM(routing_misses), "
+            # NULL where any bucket lacks it: a partial sum would be a wrong share
+            "CASE WHEN COUNT(new_blocks) = COUNT(*) THEN SUM(new_blocks) END, "
+            "CASE WHEN COUNT(both_misses) = COUNT(*) THEN SUM(both_misses) END "
             f"FROM ({' UNION ALL '.join([one] * len(tiles))}) GROUP BY source ORDER BY source",
             [v for tile in tiles for v in (run_id, *tile)],
         ).fetchall()
@@ -411,7 +424,9 @@ class BlockStats:
     lifetime_mean_s: float | None
     lifetime_p50_s: float | None  # from the histogram: within a quarter octave
     lifetime_p90_s: float | None
-    new_blocks: int = 0  # stored while held on no medium of the source: prefill paid
+    # stored while held on no medium of the source: prefill paid (None: a window
+    # recorded before v8 whose raw rows were trimmed, SHARES_UNKNOWN)
+    new_blocks: int | None = 0
     routing_misses: int = 0
     copies: dict[str | None, int] = field(default_factory=dict)  # physical copies, by medium
     # blocks held now by "medium/group": hybrid models' groups apart
@@ -445,7 +460,7 @@ def _histograms(conn: sqlite3.Connection, run_id: int, name: str) -> dict[int, l
 
 def block_stats(source: Source, run_id: int, window: Window | None = None) -> list[BlockStats]:
     """Per-source figures, in source order (events sources only). With ``window``,
-    stored, removed, recomputed and routing misses are the window's
+    stored, new (prefill), removed, recomputed and routing misses are the window's
     (``window_counts``); what is held is now, and the rest the whole session's
     (the series keep no per-bucket re-announcements, lifetimes or clears)."""
     counts = None if window is None else window_counts(source, run_id, window)
@@ -494,17 +509,22 @@ def block_stats(source: Source, run_id: int, window: Window | None = None) -> li
         )
     if counts is None:
         return out
-    none = WindowCounts(0, 0, 0, 0, 0)
     return [
         replace(
             s,
-            stored=(c := counts.get(s.source, none)).stored,
+            stored=(c := _counts_of(counts, s.source)).stored,
+            new_blocks=c.new_blocks,
             removed=c.removed,
             recomputed=c.recomputed,
             routing_misses=c.routing_misses,
         )
         for s in out
     ]
+
+
+def _counts_of(counts: dict[int, WindowCounts], source: int) -> WindowCounts:
+    """A source's counts in a window; one with no bucket in it had none of anything."""
+    return counts.get(source) or WindowCounts(source, 0, 0, 0, 0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,15 +535,15 @@ class Misses:
     engine: str
     source: int | None
     span_s: float  # the watch's (or the window's) length the rates are over
-    # prefill paid: blocks stored new on a source; None in a window (the series
-    # keep no per-bucket count of it), and so the shares
+    # prefill paid: blocks stored new on a source (the window's, with one); None,
+    # and so the shares, in a window recorded before v8 (SHARES_UNKNOWN)
     new_blocks: int | None
     new_tokens: int | None
     recomputed: int  # recomputation after eviction: more KV (or offload) would have saved it
     recomputed_tokens: int | None
     routing_misses: int  # held by another source: a KV-aware router would have hit it
     routing_miss_tokens: int | None
-    both: int | None  # both at once (None in a window)
+    both: int | None  # both at once (None where new_blocks is)
 
     @property
     def recomputed_share(self) -> float | None:
@@ -539,8 +559,8 @@ class Misses:
 
 def misses(source: Source, run_id: int, window: Window | None = None) -> list[Misses]:
     """Per events source, then one fleet-wide row per engine kind (``source`` None);
-    over ``window`` (its buckets: ``window_counts``) when given, with no prefill
-    count and so no shares there."""
+    over ``window`` (its buckets: ``window_counts``) when given: counts, shares of
+    the window's prefill, and tokens/s over the window's seconds."""
     srcs = {s.source: s for s in watch_sources(source, run_id) if s.kind == "events"}
     span = window_span_s(source, run_id, window)
     if window is None:
@@ -552,9 +572,14 @@ def misses(source: Source, run_id: int, window: Window | None = None) -> list[Mi
             ).fetchall()
     else:
         counts = window_counts(source, run_id, window)
-        none = WindowCounts(0, 0, 0, 0, 0)
         stats = [
-            (src, None, (c := counts.get(src, none)).recomputed, c.routing_misses, None)
+            (
+                src,
+                (c := _counts_of(counts, src)).new_blocks,
+                c.recomputed,
+                c.routing_misses,
+                c.both,
+            )  # fmt: skip
             for src in sorted(srcs)
         ]
 

@@ -29,12 +29,13 @@ MEDIUM_DASH = {"GPU": "solid", "CPU": "dot", "CPU_PINNED": "dot", "STORAGE": "da
 INCIDENTS_SHOWN = 200
 WINDOW_NAMES = [name for name, _ in q.WINDOWS]
 # What a window changes, and what it cannot: the series keep per-bucket stores,
-# removals, recomputations, routing misses and live blocks, nothing else.
+# new (prefill) blocks, removals, recomputations, routing misses, both at once and
+# live blocks, nothing else.
 WINDOW_SCOPE = (
-    "In the window: stored, removed, recomputed after eviction and routing misses "
-    "(counts, tokens/s), the graphs over time, the /metrics graphs and the incidents. "
-    "Now: cached blocks and copies, duplication across replicas. Whole session: prefill "
-    "(new) blocks and the shares of prefill, re-announced, removed unknown, clears, "
+    "In the window: stored, prefill (new) blocks, removed, recomputed after eviction and "
+    "routing misses (counts, tokens/s, shares of the window's prefill), the graphs over "
+    "time, the /metrics graphs and the incidents. Now: cached blocks and copies, "
+    "duplication across replicas. Whole session: re-announced, removed unknown, clears, "
     "lifetimes, the residency histograms and the prefix tree (not kept per time bucket)."
 )
 ZOOMED = "zoomed"  # the window's name when a graph's time axis was zoomed into
@@ -195,7 +196,7 @@ def block_rows(stats: Sequence[q.BlockStats], windowed: bool = False) -> list[di
             "cached": ", ".join(f"{m}: {n}" for m, n in sorted(s.cached.items(), key=str)) or "0",
             "copies": ", ".join(f"{m}: {n}" for m, n in sorted(s.copies.items(), key=str)) or "0",
             "stored" + win: s.stored,
-            "new (prefill)" + ses: s.new_blocks,
+            "new (prefill)" + win: "—" if s.new_blocks is None else s.new_blocks,
             "removed" + win: s.removed,
             "reused (re-announced)" + ses: s.reannounced,
             "recomputed after eviction" + win: s.recomputed,
@@ -271,7 +272,7 @@ def incident_rows(incidents: Sequence[q.Incident], limit: int = 200) -> list[dic
 
 def _tokens(blocks: int | None, tokens: int | None) -> str:
     if blocks is None:
-        return "—"  # a window's prefill: not kept per bucket
+        return "—"  # a window's prefill recorded before v8 (q.SHARES_UNKNOWN)
     return f"{blocks:,}" if tokens is None else f"{blocks:,} ({tokens:,} tokens)"
 
 
@@ -392,6 +393,12 @@ def histograms_figure(
     return fig
 
 
+def misses_note(misses: Sequence[q.Misses]) -> str:
+    """What the misses table of a window is over, and where its shares are unknown."""
+    unknown = any(m.new_blocks is None for m in misses)
+    return f"In the window{f': {q.SHARES_UNKNOWN}' if unknown else ''}:"
+
+
 @dataclass(frozen=True, slots=True)
 class WatchPageData:
     sources: list[q.WatchSource]
@@ -411,7 +418,6 @@ class WatchPageData:
     queue: list[q.MetricPoint] = ()  # the recorder's own back-pressure
     lag: list[q.MetricPoint] = ()
     window: q.Window | None = None  # None: the whole session
-    session_misses: list[q.Misses] = ()  # with a window: the shares of prefill
 
 
 def load(source: q.Source, run_id: int, window: q.Window | None = None) -> WatchPageData:
@@ -435,7 +441,6 @@ def load(source: q.Source, run_id: int, window: q.Window | None = None) -> Watch
         q.cache_sources(source, run_id, window),
         *q.back_pressure(source, run_id, window),
         window=window,
-        session_misses=[] if window is None else q.misses(source, run_id),
     )
 
 
@@ -467,16 +472,8 @@ def layout(data: WatchPageData, window_name: str = "") -> html.Div:
             html.H3("Blocks per source"),
             _table(block_rows(data.stats, windowed), "watch-blocks"),
             html.H3("Misses: more KV cache, or a better router?"),
-            *([html.P("In the window:")] if windowed else []),
+            *([html.P(misses_note(data.misses), id="watch-misses-note")] if windowed else []),
             _table(miss_rows(data.misses), "watch-misses"),
-            *(
-                [
-                    html.P("Whole session (the shares of prefill):"),
-                    _table(miss_rows(data.session_misses), "watch-misses-session"),
-                ]
-                if windowed
-                else []
-            ),
             _time_graph("misses", misses_figure(data.miss_series)),
             dcc.Graph(figure=histograms_figure(data.histograms)),
             *(

@@ -72,7 +72,7 @@ def blocks_table(stats: Sequence[q.BlockStats], windowed: bool = False) -> Table
     """Per source: cached blocks by medium, reuse, churn, clears and lifetimes
     (``windowed``: stores, removals and recomputations are the window's)."""
     title = (
-        "blocks: stored, removed, recomputed in the window; cached now; "
+        "blocks: stored, removed, recomputed (and prefill) in the window; cached now; "
         "reused, cleared, life over the whole session"
         if windowed
         else "blocks"
@@ -147,9 +147,9 @@ def window_text(name: str, window: q.Window | None) -> Text:
     text.append("  [w] next window", style="#8c9bb0")
     if window is not None:
         text.append(
-            "\nfollow the window: stored, removed, recomputed, routing misses and their "
-            "rates; now: cached, duplication; whole session: prefill shares, reused, "
-            "lifetimes, prefixes",
+            "\nfollow the window: stored, removed, recomputed, routing misses, their "
+            "rates and shares of prefill; now: cached, duplication; whole session: "
+            "reused, lifetimes, prefixes",
             style="#8c9bb0",
         )
     return text
@@ -165,6 +165,8 @@ def misses_text(misses: Sequence[q.Misses], scope: str = "") -> Text:
     """Recomputation after eviction and routing misses, fleet-wide and per source
     (``scope``: what the figures are over, when not the whole session)."""
     text = Text()
+    if scope and any(m.new_blocks is None for m in misses):
+        text.append(f"{q.SHARES_UNKNOWN}\n", style="#8c9bb0")
     for m in misses:
         who = f"{m.engine} fleet" if m.source is None else f"source {m.source}"
         who = f"{who} {scope}" if scope else who
@@ -187,7 +189,6 @@ class WatchSnapshot:
     misses: list[q.Misses]
     window_name: str = q.WINDOWS[0][0]
     window: q.Window | None = None  # None: the whole session
-    session_misses: list[q.Misses] = ()  # with a window: the fleet's shares of prefill
 
 
 def snapshot(source: q.Source, run_id: int, window_name: str | None = None) -> WatchSnapshot:
@@ -203,7 +204,6 @@ def snapshot(source: q.Source, run_id: int, window_name: str | None = None) -> W
         q.misses(source, run_id, window),
         name,
         window,
-        [] if window is None else [m for m in q.misses(source, run_id) if m.source is None],
     )
 
 
@@ -215,7 +215,6 @@ def render(snap: WatchSnapshot) -> RenderableType:
         fields_text(snap.sources),
         blocks_table(snap.stats, windowed),
         misses_text(snap.misses, "in the window" if windowed else ""),
-        misses_text(snap.session_misses, "whole session"),
         fleet_text(snap.duplication, snap.prefixes),
         incidents_text(snap.incidents),
     )

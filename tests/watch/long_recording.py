@@ -5,6 +5,8 @@ cross second, minute and hour buckets at every offset.
 A cycle of hash h starting at t: source 0 stores h (new); source 1 stores h (a
 routing miss: 0 holds it); 0 removes h; 0 stores h again (recomputed after
 eviction, and a routing miss: 1 holds it); a minute later 1 then 0 remove it.
+Every store is new (prefill paid); the last is both misses at once. Both sources
+announce blocks of ``BLOCK_SIZE`` tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from db.writer import create_run
 
 S = 1_000_000_000
 LENGTH_S = 9000
+BLOCK_SIZE = 16
 # (offset s, source, op, recomputed, routing miss)
 CYCLE = (
     (0.0, 0, OP_STORED, 0, 0),
@@ -63,9 +66,13 @@ def build(path: Path) -> tuple[int, list[Event]]:
         rows.append((e.source, seqs[e.source], int(e.t_s * S), e.op, f"[{e.block}]", None,
                      "GPU", 0, 1))  # fmt: skip
         seqs[e.source] += 1
+    # (*SOURCE_COUNTERS, source): the block size the sources' events announced
+    counters = [(BLOCK_SIZE, seqs[i] - 1, *[0] * 9, None, i) for i in (0, 1)]
     writer = WatchWriter(db, run_id)
     for i in range(0, len(rows), 100):  # batches, as a recorder writes them
-        writer.write(WatchBatch(sources=sources if i == 0 else [], blocks=rows[i : i + 100]))
+        first = i == 0
+        writer.write(WatchBatch(sources=sources if first else [], blocks=rows[i : i + 100],
+                                counters=counters if first else []))  # fmt: skip
     db.conn.close()
     return run_id, events
 
@@ -80,4 +87,17 @@ def expected(events: list[Event], lo: int, hi: int) -> dict[int, tuple[int, int,
             acc[0 if e.op == OP_STORED else 1] += 1
             acc[2] += e.recomputed
             acc[3] += e.routing
+    return {src: tuple(v) for src, v in out.items()}
+
+
+def expected_prefill(events: list[Event], lo: int, hi: int) -> dict[int, tuple[int, int]]:
+    """Per source, (new blocks, both misses at once) of the events in the whole
+    seconds [lo, hi): every store of a cycle is new, and the one that is both a
+    recomputation and a routing miss is both."""
+    out: dict[int, list[int]] = {}
+    for e in events:
+        if lo <= int(e.t_s) < hi and e.op == OP_STORED:
+            acc = out.setdefault(e.source, [0, 0])
+            acc[0] += 1
+            acc[1] += e.recomputed and e.routing
     return {src: tuple(v) for src, v in out.items()}

@@ -9,11 +9,12 @@ import sqlite3
 from collections import defaultdict
 from pathlib import Path
 
+import long_recording
 import pytest
 from watch_helpers import S
 
 from app.dashboard import watch_page
-from app.tui.watch_view import WatchView
+from app.tui.watch_view import WatchView, misses_text
 from db import watch_aggregates as agg
 from db import watch_queries as q
 from db.store import open_db
@@ -252,6 +253,59 @@ def test_a_migrated_database_gets_its_aggregates(tmp_path: Path) -> None:
     db.conn.close()
     stats = q.block_stats(open_db(path), run_id)  # opening migrates, and folds the raw rows
     assert [(s.source, s.new_blocks, s.routing_misses) for s in stats] == [(0, 2, 0), (1, 1, 1)]
+
+
+def _as_version_7(path: Path, *, trim_before_s: int | None = None) -> None:
+    """The file as schema 7 wrote it (no per-bucket prefill); ``trim_before_s``: its raw
+    rows before then trimmed by --keep-raw, as the writer marks them."""
+    db = open_db(path)
+    _drop_v8_columns(db)
+    if trim_before_s is not None:
+        db.execute("DELETE FROM watch_blocks WHERE ts_ns < ?", (trim_before_s * S,))
+        db.execute("UPDATE watch_agg_state SET raw_trimmed_before = ?", (trim_before_s * S,))
+    db.execute("PRAGMA user_version = 7")
+    db.conn.commit()
+    db.conn.close()
+
+
+def test_a_version_7_database_gets_its_windows_shares(tmp_path: Path) -> None:
+    """Migration 8 folds a run that holds its raw rows again: its windows' shares of
+    prefill are the window's; a run trimmed by --keep-raw keeps them unknown, said so."""
+    path, trimmed = tmp_path / "v7.db", tmp_path / "v7-trimmed.db"
+    run_id, events = long_recording.build(path)
+    long_recording.build(trimmed)
+    end = int(events[-1].t_s) + 1
+    before = {s.source: s for s in q.block_stats(path, run_id)}
+    _as_version_7(path)
+    _as_version_7(trimmed, trim_before_s=600)
+    db = open_db(path)  # migrates to 8, folding the run again
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 8
+    assert {s.source: s for s in q.block_stats(db, run_id)} == before  # the session unchanged
+    for lo, hi in [(0, end), (59, 3661), (end - 900, end), (4321, 4400)]:
+        window = q.Window(float(lo), float(hi))
+        want = long_recording.expected(events, lo, hi)
+        prefill = long_recording.expected_prefill(events, lo, hi)
+        rows = {m.source: m for m in q.misses(db, run_id, window)}
+        for src, (new, both) in prefill.items():
+            recomputed, routing = want[src][2], want[src][3]
+            assert (rows[src].new_blocks, rows[src].both) == (new, both)
+            assert (rows[src].recomputed_share, rows[src].routing_share) == (
+                recomputed / new, routing / new,
+            )  # fmt: skip
+        fleet_new = sum(n for n, _ in prefill.values())
+        assert rows[None].new_blocks == fleet_new
+        if fleet_new:
+            assert rows[None].routing_share == sum(w[3] for w in want.values()) / fleet_new
+    db.conn.close()
+    window = q.last_window(trimmed, run_id, 900)
+    misses = q.misses(trimmed, run_id, window)
+    assert misses and all(m.new_blocks is None and m.recomputed_share is None for m in misses)
+    assert all(m.routing_misses >= 0 for m in misses)  # the counts stay: only shares unknown
+    assert watch_page.misses_note(misses) == f"In the window: {q.SHARES_UNKNOWN}:"
+    assert "recorded before v8" in q.SHARES_UNKNOWN
+    assert q.SHARES_UNKNOWN in misses_text(misses, "in the window").plain
+    (session,) = [m for m in q.misses(trimmed, run_id) if m.source is None]
+    assert session.new_blocks == 3 * len(events) // 6  # the whole session's stats still known
 
 
 def test_a_version_6_database_still_reads_and_continues(tmp_path: Path) -> None:

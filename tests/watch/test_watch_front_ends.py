@@ -220,7 +220,18 @@ def test_dashboard_window_reads_only_its_buckets(tmp_path) -> None:
     lo, hi = end - 900, end  # "last 15 min"
     conn = sqlite3.connect(path)
     for table, columns in (
-        ("watch_series", ("stored", "removed", "recomputed", "routing_misses", "live")),
+        (
+            "watch_series",
+            (
+                "stored",
+                "removed",
+                "recomputed",
+                "routing_misses",
+                "live",
+                "new_blocks",
+                "both_misses",
+            ),
+        ),  # fmt: skip
         ("watch_fleet_series", ("duplicated", "extra_copies")),
     ):
         sets = ", ".join(f"{c} = {c} + {POISON}" for c in columns)
@@ -238,23 +249,31 @@ def test_dashboard_window_reads_only_its_buckets(tmp_path) -> None:
     app = create_app(path)
     page = call(app, "watch-content.children", None, run_id, "last 15 min")
     want = long_recording.expected(events, lo, hi)
+    prefill = long_recording.expected_prefill(events, lo, hi)
     assert f"t {lo:,}-{hi:,} s" in _find(page, "watch-window-note").children
     blocks = {r["source"]: r for r in _find(page, "watch-blocks").data}
     for src, (stored, removed, recomputed, routing) in want.items():
         row = blocks[src]
         assert (row["stored (window)"], row["removed (window)"]) == (stored, removed)
+        assert row["new (prefill) (window)"] == prefill[src][0]
         assert row["recomputed after eviction (window)"] == recomputed
         assert row["routing misses (window)"] == routing
     fleet = next(r for r in _find(page, "watch-misses").data if r["source"] == "fleet")
-    assert fleet["recomputed after eviction"] == f"{sum(w[2] for w in want.values()):,}"
-    assert fleet["routing misses"] == f"{sum(w[3] for w in want.values()):,}"
-    assert fleet["recomputed share of prefill"] == "—"  # not kept per bucket: see the session's
-    session = next(r for r in _find(page, "watch-misses-session").data if r["source"] == "fleet")
-    # every cycle: 3 new blocks (2 on source 0, 1 on source 1), 1 recomputed, 2 routed
-    assert (session["recomputed share of prefill"], session["routing share of prefill"]) == (
-        "33.3%",
-        "66.7%",
+    recomputed, routing = (sum(w[i] for w in want.values()) for i in (2, 3))
+    new, both = (sum(p[i] for p in prefill.values()) for i in (0, 1))
+    size = long_recording.BLOCK_SIZE
+    assert fleet["recomputed after eviction"] == f"{recomputed:,} ({recomputed * size:,} tokens)"
+    assert fleet["routing misses"] == f"{routing:,} ({routing * size:,} tokens)"
+    assert fleet["prefill blocks"] == f"{new:,} ({new * size:,} tokens)"
+    # the shares are the window's, not the session's (33.3% and 66.7%: whole cycles)
+    assert (fleet["recomputed share of prefill"], fleet["routing share of prefill"]) == (
+        f"{recomputed / new:.1%}",
+        f"{routing / new:.1%}",
     )
+    assert fleet["both at once"] == both
+    assert fleet["routing-miss tokens/s"] == f"{routing * size / 900:,.1f}"
+    assert _find(page, "watch-misses-note").children == "In the window:"
+    assert "watch-misses-session" not in _ids(page)
     assert _find(page, "watch-incidents").data == []
     values = [v for fig in _figures(page) for trace in fig.data for v in (trace.y or ()) if v]
     assert values and max(values) < POISON / 3600  # no poisoned bucket, even as a rate
@@ -298,7 +317,17 @@ def test_tui_w_cycles_the_windows(tmp_path) -> None:
         assert [(s.source, s.stored, s.removed, s.recomputed) for s in snap.stats] == [
             (src, w[0], w[1], w[2]) for src, w in sorted(want.items())
         ]
-        assert "in the window" in text and "whole session" in text
+        # the fleet's shares are the window's prefill's, on the window's line
+        new = sum(
+            n for n, _ in long_recording.expected_prefill(events, end - seconds, end).values()
+        )
+        routing = sum(w[3] for w in want.values())
+        assert "vllm fleet in the window: recomputed after eviction" in text
+        assert (
+            f"{routing:,} {routing * 16 / seconds:,.1f} tok/s {routing / new:.1%} of prefill"
+            in text
+        )
+        assert "whole session:" not in text.split("vllm fleet")[-1]  # no session fallback
 
 
 def _post(app, output: str, inputs: list[dict], changed: str) -> dict:

@@ -213,15 +213,39 @@ def test_a_window_counts_the_events_inside_it(tmp_path) -> None:
         assert {
             s: (c.stored, c.removed, c.recomputed, c.routing_misses) for s, c in got.items()
         } == want
+        prefill = long_recording.expected_prefill(events, lo, hi)
+        assert {s: (c.new_blocks, c.both) for s, c in got.items()} == prefill
         stats = {s.source: s for s in q.block_stats(path, run_id, window)}
-        fleet = next(m for m in q.misses(path, run_id, window) if m.source is None)
+        rows = {m.source: m for m in q.misses(path, run_id, window)}
+        fleet = rows[None]
         assert fleet.recomputed == sum(w[2] for w in want.values())
         assert fleet.routing_misses == sum(w[3] for w in want.values())
-        assert fleet.span_s == max(min(hi, end) - lo, 1) and fleet.new_blocks is None
-        for src, (stored, removed, _, routing) in want.items():
+        assert fleet.span_s == max(min(hi, end) - lo, 1)
+        assert fleet.new_blocks == sum(n for n, _ in prefill.values())
+        assert fleet.both == sum(b for _, b in prefill.values())
+        for src, (stored, removed, recomputed, routing) in want.items():
             assert (stats[src].stored, stats[src].removed, stats[src].routing_misses) == (
                 stored, removed, routing,
             )  # fmt: skip
+            new = prefill[src][0]
+            assert stats[src].new_blocks == rows[src].new_blocks == new
+            # the shares are the window's: its misses over its prefill
+            assert rows[src].recomputed_share == (recomputed / new if new else None)
+            assert rows[src].routing_share == (routing / new if new else None)
+            tokens_per_s = routing * long_recording.BLOCK_SIZE / fleet.span_s
+            assert rows[src].per_s(rows[src].routing_miss_tokens) == tokens_per_s
+    # By hand: the last hour holds 27 whole cycles and no part of another. A cycle is
+    # 3 new blocks (2 on source 0, 1 on source 1), 1 recomputed (on 0), 2 routing
+    # misses (one on each), 1 both: 16-token blocks over 3,600 s.
+    hour = {m.source: m for m in q.misses(path, run_id, q.last_window(path, run_id, 3600))}
+    assert [(hour[s].new_blocks, hour[s].recomputed, hour[s].routing_misses, hour[s].both)
+            for s in (0, 1, None)] == [(54, 27, 27, 27), (27, 0, 27, 0), (81, 27, 54, 27)]  # fmt: skip
+    assert [(hour[s].recomputed_share, hour[s].routing_share) for s in (0, 1, None)] == [
+        (0.5, 0.5), (0.0, 1.0), (1 / 3, 2 / 3),
+    ]  # fmt: skip
+    fleet = hour[None]
+    assert fleet.per_s(fleet.recomputed_tokens) == 27 * 16 / 3600 == 0.12
+    assert fleet.per_s(fleet.routing_miss_tokens) == 54 * 16 / 3600 == 0.24
     # The whole session as a window agrees with the session's own totals.
     session = {s.source: s for s in q.block_stats(path, run_id)}
     whole = q.window_counts(path, run_id, q.Window())
