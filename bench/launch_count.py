@@ -73,8 +73,12 @@ def _launches(func, args, out) -> bool:  # noqa: ANN001
         return False
     if func._schema.is_mutable:
         return True
+    # oneDNN's packed weights (bf16 on the CPU, engine/model.py Projection) are opaque:
+    # they have no storage to compare, and no op hands one back.
     inputs = {
-        a.untyped_storage().data_ptr() for a in tree_leaves(args) if isinstance(a, torch.Tensor)
+        a.untyped_storage().data_ptr()
+        for a in tree_leaves(args)
+        if isinstance(a, torch.Tensor) and not a.is_mkldnn
     }
     outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
     # Views and no-op casts hand back memory an input already owns: nothing ran.

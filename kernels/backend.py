@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -147,11 +148,8 @@ def paged_attention(
     kernel (``num_splits`` None: sized to the device), anything else the
     prefill kernel reading whole sequences through the page table.
     """
-    kind = resolve_backend(backend, q.device)
-    head_dim = q.shape[-1]
-    kv_dtype = check_pages(kv_pages, scales, kv_dtype, head_dim)
-    scale = sm_scale if sm_scale is not None else head_dim**-0.5
-    decode = meta.is_decode_only
+    plan = _paged_plan(q, kv_pages, meta, backend, sm_scale, kv_dtype, scales)
+    kind, kv_dtype, scale, decode = plan.kind, plan.kv_dtype, plan.scale, plan.decode
 
     def run() -> torch.Tensor:
         if kind == "torch":
@@ -169,9 +167,58 @@ def paged_attention(
         )  # fmt: skip
 
     def cost() -> tuple[str, float, float]:
-        return paged_attention_cost(q, kv_pages, scales, meta, kv_dtype)
+        if plan.cost is None:
+            plan.cost = paged_attention_cost(q, kv_pages, scales, meta, kv_dtype)
+        return plan.cost
 
-    return _report(on_kernel, paged_kernel_name(kind, meta), q.device, run, cost)
+    return _report(on_kernel, plan.name, q.device, run, cost)
+
+
+@dataclass(slots=True)
+class _PagedPlan:
+    """What every layer's paged call of a step shares, worked out by the first one.
+
+    All layers of a step call with one metadata and pages, queries and scales of one
+    shape and dtype, so the backend choice, the pages' check, the kernel's name and its
+    cost (shape, FLOPs, bytes) are the same figures 30 times over; the plan keeps them
+    in the step's ``meta.cache`` under the call's ``signature`` (every input they
+    depend on), and a call whose signature differs works them out afresh.
+    """
+
+    signature: tuple
+    kind: str
+    kv_dtype: str
+    scale: float
+    decode: bool
+    name: str
+    cost: tuple[str, float, float] | None = None
+
+
+def _paged_plan(
+    q: torch.Tensor,
+    kv_pages: torch.Tensor,
+    meta: AttentionMetadata,
+    backend: str,
+    sm_scale: float | None,
+    kv_dtype: str | None,
+    scales: torch.Tensor | None,
+) -> _PagedPlan:
+    scales_sig = None if scales is None else (scales.shape, scales.dtype)
+    signature = (
+        backend, sm_scale, kv_dtype, q.shape, q.dtype, q.device, kv_pages.shape,
+        kv_pages.dtype, scales_sig,
+    )  # fmt: skip
+    plan = meta.cache.get("paged_plan")
+    if plan is not None and plan.signature == signature:
+        return plan
+    kind = resolve_backend(backend, q.device)
+    head_dim = q.shape[-1]
+    checked = check_pages(kv_pages, scales, kv_dtype, head_dim)
+    scale = sm_scale if sm_scale is not None else head_dim**-0.5
+    decode = meta.is_decode_only
+    plan = _PagedPlan(signature, kind, checked, scale, decode, paged_kernel_name(kind, meta))
+    meta.cache["paged_plan"] = plan
+    return plan
 
 
 def paged_kernel_name(backend: str, meta: AttentionMetadata) -> str:

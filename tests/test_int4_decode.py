@@ -1,17 +1,18 @@
-"""The CPU decode path of the quantized weight formats: one-row RMSNorm as a LayerNorm, and
+"""The CPU decode path of the quantized weight formats: one-row RMSNorm as a LayerNorm,
 layers run on one thread for small steps (engine/model.py SERIAL_ROWS), with the caller's
-thread count given back whatever happens."""
+thread count given back whatever happens, and bf16 weights in oneDNN's packed layout."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tiny_model import tiny_loaded
 
 import engine.model as model_module
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
-from engine.model import rms_norm, rms_norm_one_row
+from engine.model import DecoderModel, Projection, rms_norm, rms_norm_one_row
 from engine.sampler import SamplingParams
 
 
@@ -121,3 +122,28 @@ def test_one_row_norm_is_used_for_a_decode_row_only(monkeypatch) -> None:
     engine.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=3, ignore_eos=True))
     # Two decode steps (after the 5-row prefill), 2 layers x 2 norms + the final norm each.
     assert rows == [1] * 2 * 5
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_packed_bf16_projection_gives_the_plain_bits(rows: int) -> None:
+    """bf16 weights on the CPU run oneDNN's packed linear (fast at one row); it must give
+    the plain F.linear / addmm bits, residual add included, at the model's shapes."""
+    g = torch.Generator().manual_seed(rows)
+    for out_dim, in_dim in ((960, 576), (576, 1536)):
+        w = torch.randn(out_dim, in_dim, generator=g) * 0.05
+        packed, plain = Projection(w, "bf16"), Projection(w, "bf16", pack=False)
+        assert packed.packed and packed.weight.is_mkldnn and not plain.packed
+        assert packed.nbytes == plain.nbytes == out_dim * in_dim * 2
+        x = torch.randn(rows, in_dim, generator=g).bfloat16()
+        residual = torch.randn(rows, out_dim, generator=g).bfloat16()
+        assert torch.equal(packed(x), F.linear(x, plain.weight))
+        assert torch.equal(packed.add(x, residual), torch.addmm(residual, x, plain.weight.t()))
+
+
+def test_only_the_cpu_torch_path_packs() -> None:
+    loaded = tiny_loaded()
+    cpu = DecoderModel(loaded.config, loaded.weights, "bf16")
+    fused = DecoderModel(loaded.config, loaded.weights, "bf16", fused=True)  # CUDA's stand-in
+    assert all(p.packed for p in (cpu.lm_head, cpu.layers[0].qkv, cpu.layers[0].down))
+    assert not any(p.packed for p in (fused.lm_head, fused.layers[0].qkv, fused.layers[0].down))
+    assert not DecoderModel(loaded.config, loaded.weights, "fp32").layers[0].qkv.packed

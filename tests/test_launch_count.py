@@ -44,8 +44,11 @@ def test_cuda_decode_path_launches_ten_kernels_per_layer() -> None:
 
 
 def test_cpu_torch_path_keeps_its_fusions() -> None:
-    # one-op RMSNorm x2, QKV, RoPE (roll, mul, mul, add), one index_put for K and V,
-    # gather + SDPA, addmm for O and down (residual inside), gate-up, silu, mul.
+    # The one-row RMSNorm x2 (neg, cat, layer_norm: batch 1 in bf16), QKV, RoPE (roll,
+    # mul, mul, add), one index_put for K and V, gather (K, V) + SDPA, O and down with the
+    # residual inside, gate-up, silu, mul. bf16 weights on the CPU are oneDNN-packed: all
+    # four GEMMs are one _linear_pointwise each (the residual add is its binary form).
     count, ops = per_layer("cpu", "bf16")
-    assert count == 16, ops
-    assert ops["index_put_"] == 1 and ops.get("to", 0) == 0, ops
+    assert count == 20, ops
+    assert ops["_linear_pointwise"] == 4 and ops.get("linear", 0) == ops.get("addmm", 0) == 0
+    assert ops["index_put_"] == 1 and ops.get("to", 0) == 0 and ops.get("add", 0) == 1, ops
