@@ -22,8 +22,14 @@ reading a step's tokens spins until that step's simulated device time is over.
 Serial, a step costs device + host; async, about max(device, host). Nothing in
 it is a GPU measurement.
 
+``--queue`` measures a serving workload instead, with the same simulated device:
+64 requests arriving over the run (a queue longer than ``max_num_seqs`` 16, prompts
+that the 256-token budget chunks, half of them sharing a prefix), serial and async,
+for the baseline commit and this checkout: the share of decode steps launched ahead
+of the step in flight, and the run's simulated time.
+
 Run: ``python bench/host_time.py [--batches 1 32 128] [--baseline COMMIT] [--device-ms 2]
-[--json]``
+[--queue] [--json]``
 """
 
 from __future__ import annotations
@@ -105,6 +111,19 @@ def async_worker(batch: int, steps: int, mode: str, device_ms: float) -> dict:
     is over. The launches' virtual times give the interval per step.
     """
     engine = _decoding_engine(ROOT, batch, steps, async_scheduling=mode)
+    _, launches, _ = _simulated_device(engine, device_ms)
+    for _ in range(steps):
+        engine.step()
+    gaps = [b - a for a, b in zip(launches, launches[1:], strict=False)]
+    return {"step_us": statistics.median(gaps) * 1e6, "steps_ahead": engine.steps_ahead}
+
+
+QUEUE = {"requests": 64, "max_num_seqs": 16, "max_batched_tokens": 256, "per_step": 2}
+
+
+def _simulated_device(engine, device_ms: float) -> tuple:
+    """Patch ``engine`` onto a simulated device (see ``async_worker``); returns the
+    virtual clock and the forwards' launch times."""
     import engine.engine as engine_module
 
     device_s = device_ms / 1e3
@@ -144,10 +163,76 @@ def async_worker(batch: int, steps: int, mode: str, device_ms: float) -> dict:
 
     engine.model.forward = device_forward
     tokens_class.__init__, tokens_class.tolist = sampled, tolist
-    for _ in range(steps):
+    return vnow, launches, busy_until
+
+
+def queue_worker(root: Path, mode: str, device_ms: float) -> dict:
+    """The ``--queue`` workload on the code in ``root``: decode steps, how many ran ahead,
+    the simulated run time (until the last step's device time is over)."""
+    sys.path.insert(0, str(root))
+    import torch
+
+    torch.set_num_threads(1)
+    from engine.engine import Engine
+    from engine.engine_config import EngineConfig
+    from engine.sampler import SamplingParams
+    from tests.tiny_model import tiny_loaded
+
+    q = QUEUE
+    per_token = 2 * 2 * 2 * 8 * 4  # 2 layers x K,V x 2 KV heads x head_dim 8 x fp32
+    config = EngineConfig(
+        kv_budget_bytes=4096 * 16 * per_token,
+        max_num_seqs=q["max_num_seqs"],
+        max_batched_tokens=q["max_batched_tokens"],
+        async_scheduling=mode,
+    )
+    engine = Engine(config, loaded=tiny_loaded(max_position=1024))
+    g = torch.Generator().manual_seed(7)
+    shared = torch.randint(1, 64, (96,), generator=g).tolist()
+    work = []
+    for i in range(q["requests"]):
+        n = int(torch.randint(16, 320, (1,), generator=g))
+        own = torch.randint(1, 64, (n,), generator=g).tolist()
+        out = int(torch.randint(8, 64, (1,), generator=g))
+        work.append(((shared if i % 2 else []) + own, out))
+    decode_steps = [0]
+    advance = engine._advance
+
+    def counted(batch):
+        prefill = advance(batch)
+        decode_steps[0] += batch.num_tokens > prefill
+        return prefill
+
+    engine._advance = counted
+    vnow, _, busy_until = _simulated_device(engine, device_ms)
+    t0 = vnow()
+    while work or engine.has_unfinished():
+        for prompt, out in work[: q["per_step"]]:
+            engine.add_request(prompt, SamplingParams(max_tokens=out, ignore_eos=True))
+        del work[: q["per_step"]]
         engine.step()
-    gaps = [b - a for a, b in zip(launches, launches[1:], strict=False)]
-    return {"step_us": statistics.median(gaps) * 1e6, "steps_ahead": engine.steps_ahead}
+    ahead = getattr(engine, "decode_steps_ahead", engine.steps_ahead)
+    return {
+        "decode_steps": decode_steps[0],
+        "ahead": ahead,
+        "steps": engine.step_count,
+        "run_ms": (max(vnow(), busy_until[0]) - t0) * 1e3,
+    }
+
+
+def queue_rows(old: Path, rounds: int, device_ms: float, progress) -> list:
+    """Per (code, mode): the queue workload's figures, the best run time of ``rounds``."""
+    rows = []
+    for name, root in (("baseline", old), ("now", ROOT)):
+        for mode in ("off", "on"):
+            best: dict | None = None
+            for _ in range(rounds):
+                got = run_worker(root, 0, 0, "--queue-mode", mode, "--device-ms", str(device_ms))
+                if best is None or got["run_ms"] < best["run_ms"]:
+                    best = got
+                progress.advance()
+            rows.append({"code": name, "mode": mode, **best})
+    return rows
 
 
 def run_worker(root: Path, batch: int, steps: int, *extra: str) -> dict:
@@ -197,15 +282,26 @@ def main(argv: list[str] | None = None) -> int:
         default=2.0,
         help="simulated device time per forward for the async table (0: no async table)",
     )
+    ap.add_argument(
+        "--queue",
+        action="store_true",
+        help="only the serving workload with arrivals and a queue (serial vs async, baseline vs now)",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--async-mode", choices=("on", "off"), help=argparse.SUPPRESS)
+    ap.add_argument("--queue-mode", choices=("on", "off"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.device_ms < 0:
         print("host_time: error: --device-ms must be >= 0", file=sys.stderr)
         return 2
+    if args.queue and args.device_ms <= 0:
+        print("host_time: error: --queue needs --device-ms > 0", file=sys.stderr)
+        return 2
     if args.worker is not None:
-        if args.async_mode is not None:
+        if args.queue_mode is not None:
+            got = queue_worker(args.worker, args.queue_mode, args.device_ms)
+        elif args.async_mode is not None:
             got = async_worker(args.batches[0], args.steps, args.async_mode, args.device_ms)
         else:
             got = worker(args.worker, args.batches[0], args.steps)
@@ -221,6 +317,17 @@ def main(argv: list[str] | None = None) -> int:
         if subprocess.run(add, capture_output=True, check=False).returncode != 0:
             print(f"host_time: error: cannot check out {args.baseline!r}", file=sys.stderr)
             return 2
+        if args.queue:
+            try:
+                progress = Progress(2 * 2 * args.rounds, "worker runs")
+                queue = queue_rows(old, args.rounds, args.device_ms, progress)
+            finally:
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)],
+                    capture_output=True,
+                    check=False,
+                )
+            return _print_queue(args, queue)
         try:
             rows = []
             tables = 2 if args.device_ms > 0 else 1
@@ -276,6 +383,31 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {r['batch']:>5} | {r['serial_us']:>9.1f} | {r['async_us']:>9.1f} | "
                 f"{r['hidden_us']:>9.1f} | {r['steps_ahead']:>11} |"
             )
+    return 0
+
+
+def _print_queue(args: argparse.Namespace, rows: list[dict]) -> int:
+    for r in rows:
+        r["share_ahead"] = r["ahead"] / r["decode_steps"] if r["decode_steps"] else 0.0
+    if args.json:
+        info = {"device_ms": args.device_ms, "simulated": True, "workload": QUEUE}
+        print(json.dumps({"baseline": args.baseline, "queue": {**info, "rows": rows}}))
+        return 0
+    q = QUEUE
+    print(
+        f"queue: {q['requests']} requests arriving {q['per_step']} a step, max_num_seqs "
+        f"{q['max_num_seqs']}, budget {q['max_batched_tokens']}; SIMULATED device of "
+        f"{args.device_ms:g} ms per forward (best run time of {args.rounds})"
+    )
+    print(
+        f"| {'code':>8} | {'async':>5} | {'steps':>5} | {'decode steps':>12} | "
+        f"{'ahead':>5} | {'share':>6} | {'run ms':>8} |"
+    )
+    for r in rows:
+        print(
+            f"| {r['code']:>8} | {r['mode']:>5} | {r['steps']:>5} | {r['decode_steps']:>12} | "
+            f"{r['ahead']:>5} | {r['share_ahead']:>6.1%} | {r['run_ms']:>8.1f} |"
+        )
     return 0
 
 

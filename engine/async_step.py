@@ -62,9 +62,13 @@ class TokenFeed:
         token_ids.index_copy_(0, dst, self.tokens.index_select(0, src))
 
 
-def feed_for(requests: list[Request], launched: LaunchedStep) -> TokenFeed | None:
+def feed_for(
+    requests: list[Request], launched: LaunchedStep, num_new: list[int] | None = None
+) -> TokenFeed | None:
     """The feed of a step run ahead of ``launched``: every request of ``requests`` that
-    sampled in ``launched`` takes that token; None when none did."""
+    sampled in ``launched`` takes that token; None when none did. ``num_new``: the step's
+    tokens per request when some take more than one (prefill chunks beside the fed
+    decodes): ``dst`` then indexes the step's tokens, not its rows."""
     sampling = launched.sampling
     if requests == sampling:  # the common steady state: the same rows in the same order
         n = len(requests)
@@ -72,9 +76,13 @@ def feed_for(requests: list[Request], launched: LaunchedStep) -> TokenFeed | Non
     row = {id(req): i for i, req in enumerate(sampling)}
     dst: list[int] = []
     src: list[int] = []
+    at = 0  # the row's first token in the step
     for i, req in enumerate(requests):
         j = row.get(id(req))
+        # A request whose last prefill chunk is in flight sampled there too: it decodes
+        # here like any other fed row.
         if j is not None:
-            dst.append(i)
+            dst.append(at)
             src.append(j)
+        at += 1 if num_new is None else num_new[i]
     return TokenFeed(launched.tokens.device, dst, src) if dst else None

@@ -251,6 +251,8 @@ class Engine:
         self._in_flight: LaunchedStep | None = None  # launched, its tokens not read yet
         self._pinned: list[torch.Tensor | None] = [None, None]  # token buffers, alternating
         self.steps_ahead = 0  # steps launched while the previous one was in flight
+        self.decode_steps = 0  # steps with a decode row (past its prompt)
+        self.decode_steps_ahead = 0  # of those, launched while the previous one was in flight
 
     def _should_offload(self) -> bool:
         mode = self.config.offload
@@ -357,6 +359,9 @@ class Engine:
                 self.steps_ahead += 1
                 outputs = self._resolve(in_flight)
             prefill = self._advance(batch)
+            if batch.num_tokens > prefill:
+                self.decode_steps += 1
+                self.decode_steps_ahead += in_flight is not None
         if launched is not None:
             # Left in flight only while one of its requests may still take its token.
             if self.async_scheduling and any(
@@ -387,7 +392,10 @@ class Engine:
                     self.bus.emit(
                         RequestScheduled(now, self.step_count, req.request_id, req.num_cached)
                     )
-        feed = feed_for(batch.requests, in_flight) if in_flight is not None else None
+        feed = None
+        if in_flight is not None:
+            mixed = batch.num_tokens != len(batch.requests)  # prefill chunks among the rows
+            feed = feed_for(batch.requests, in_flight, batch.num_new if mixed else None)
         inputs = self.runner.prepare(batch.requests, batch.num_new, feed=feed)
         logits = self.runner.execute(inputs)
         sampling = inputs.sampling

@@ -142,7 +142,8 @@ class ModelRunner:
         """The step's inputs, staged with one host-to-device copy; a decode step that fits
         a graph bucket goes to the graph's own buffers. ``all_logits``: logits of every new
         token (scoring), not only of the rows that sample. ``feed``: rows whose input token
-        the step in flight sampled (async scheduling; decode steps only)."""
+        the step in flight sampled (async scheduling), its ``dst`` indexing the step's
+        tokens."""
         if self.infllm is not None:
             return self._stage(requests, num_new, all_logits, self.infllm.plan(requests, num_new))
         if self.graphs is not None and all(n == 1 for n in num_new):
@@ -195,7 +196,6 @@ class ModelRunner:
             cu: object = range(b + 1)
         else:
             self.table.clear()
-            assert feed is None, "a fed token is a decode row's"
             step = _chunk_rows(requests, num_new, ps, all_logits)
             cu = step.cu
         tokens, positions, flat, rows = step.tokens, step.positions, step.flat, step.rows
@@ -510,15 +510,20 @@ def _chunk_rows(requests: list, num_new: list[int], ps: int, all_logits: bool) -
     for req, n in zip(requests, num_new, strict=True):
         start = req.num_computed
         end = start + n
-        tokens.extend(_tokens(req, start, end))
+        known = req.num_tokens
+        if start == known:  # a decode fed from the device (async scheduling): staged as 0
+            tokens.append(0)
+        else:
+            tokens.extend(_tokens(req, start, end))
         flat.extend(req.pages[: -(-end // ps)])
         indptr.append(len(flat))
         kv_lens.append(end)
+        samples = end >= known  # its last known token, or the fed one
         if all_logits:
             rows.extend(range(len(tokens) - n, len(tokens)))
-        elif end == req.num_tokens:
+        elif samples:
             rows.append(len(tokens) - 1)
-        if all_logits or end == req.num_tokens:
+        if all_logits or samples:
             sampling.append(req)
     b, t = len(requests), len(tokens)
     ends = np.asarray(kv_lens, dtype=np.int64)

@@ -169,37 +169,81 @@ class Scheduler:
         only the serial ``schedule`` may decide it.
 
         A running request whose computed tokens reach its known ones (``num_computed ==
-        num_tokens``) sampled in the step in flight: it decodes that token next, fed on
-        the device, and gets the page for it now, as if it continues. One whose token
-        finishes it whatever its value (max tokens, the context cap) sits this step out.
-        Every other running request must be a plain decode. Anything else (a prefill
-        chunk, a possible admission, too few free pages for the growth, so an eviction or
-        a preemption) needs the in-flight tokens resolved first: None.
+        num_tokens``) sampled in the step in flight (a decode, or its last prefill chunk):
+        it decodes that token next, fed on the device. One whose token finishes it
+        whatever its value (max tokens, the context cap) sits this step out. The others
+        take their next prefill chunk, and waiting requests are admitted in arrival order
+        as ``schedule`` does (vLLM v1's AsyncScheduler does the same): none of their
+        tokens depends on the step in flight. Pages come from the free list or from
+        evicting cache-only prefix pages (no request holds them, so no step in flight
+        reads them but in stream order), never by preempting a request or by a host-tier
+        copy: a preemption, a swap-in, an offloading eviction or a reload needs the
+        in-flight tokens resolved first (None). A request the in-flight tokens finish
+        still counts against the sequence limit, the budget and the pages here, so a step
+        ahead admits what the serial one would, at most one step later.
         """
+        kv = self.kv
+        prefix = kv.prefix
+        # Evicting a cache-only page is a free-list move, unless it offloads the page to
+        # the host tier (a copy), and a match may reload an offloaded page.
+        offloads = self.config.offload != "never"
+        if prefix is not None and prefix.host_pages:
+            return None
         running = self.running
         budget = self.config.max_batched_tokens
-        if self.waiting and len(running) < min(budget, self.config.max_num_seqs):
-            return None  # a waiting request may be admitted
-        kv = self.kv
-        ps = kv.page_size
-        requests: list[Request] = []
-        ahead: list[Request] = []
+        batch = ScheduledBatch([], [], [], [])
         for req in running:
+            if budget <= 0:
+                break
             n = req.num_tokens - req.num_computed
             if n == 0:
                 out = len(req.output_ids) + 1
                 if out >= req.params.max_tokens or len(req.prompt_ids) + out >= req.max_len:
                     continue
-            elif n != 1:
+                n = 1
+            else:
+                n = min(n, budget)
+            if not self._fits_ahead(req, req.num_computed + n, 0, offloads):
+                return None  # a preemption: the serial path's (grown pages stay grown)
+            kv.grow(req, req.num_computed + n)
+            batch.requests.append(req)
+            batch.num_new.append(n)
+            budget -= n
+        watermark = max(1, len(running) // 4) if running else 0
+        while self.waiting and budget > 0 and len(running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            if req.status is Status.SWAPPED or req.pages:
+                # A swap-in: the serial path's, unless this step already has rows.
+                if batch.requests:
+                    break
                 return None
-            if req.num_computed >= len(req.pages) * ps:  # the new token starts a page
-                ahead.append(req)
-            requests.append(req)
-        if not requests or len(requests) > budget or len(ahead) > kv.pool.num_free:
-            return None
-        for req in ahead:
-            kv.grow(req, req.num_computed + 1)
-        return ScheduledBatch(requests, [1] * len(requests), [], [])
+            hit = kv.match_prefix(req)
+            remaining = req.num_tokens - req.num_computed
+            n = min(remaining, budget)
+            fits = n == remaining or self.config.chunked_prefill
+            if not (fits and self._fits_ahead(req, req.num_computed + n, watermark, offloads)):
+                kv.retreat(req)
+                break  # as the serial path: the queue waits for pages
+            self.waiting.popleft()
+            kv.grow(req, req.num_computed + n)
+            kv.admitted(req, hit)
+            if req.num_preemptions:
+                batch.resumed.append((req, "recompute"))
+            req.status = Status.RUNNING
+            running.append(req)
+            batch.requests.append(req)
+            batch.num_new.append(n)
+            budget -= n
+        return batch if batch.requests else None
+
+    def _fits_ahead(self, req: Request, num_tokens: int, reserve: int, offloads: bool) -> bool:
+        """Whether ``req`` can hold ``num_tokens`` tokens with ``reserve`` pages to spare,
+        evicting cache-only pages when that moves no data (``offloads`` False)."""
+        kv = self.kv
+        missing = kv.missing_pages(req, num_tokens) + reserve - kv.pool.num_free
+        if missing > 0 and not offloads:
+            kv.reclaim(missing)
+        return kv.can_grow(req, num_tokens, reserve)
 
     def finish(self, req: Request) -> None:
         self.running.remove(req)
