@@ -191,7 +191,9 @@ class Scheduler:
             return None
         running = self.running
         budget = self.config.max_batched_tokens
+        ps = kv.page_size
         batch = ScheduledBatch([], [], [], [])
+        requests, num_new = batch.requests, batch.num_new
         for req in running:
             if budget <= 0:
                 break
@@ -203,11 +205,13 @@ class Scheduler:
                 n = 1
             else:
                 n = min(n, budget)
-            if not self._fits_ahead(req, req.num_computed + n, 0, offloads):
-                return None  # a preemption: the serial path's (grown pages stay grown)
-            kv.grow(req, req.num_computed + n)
-            batch.requests.append(req)
-            batch.num_new.append(n)
+            total = req.num_computed + n
+            if -(-total // ps) > len(req.pages):  # a new page (most decode steps need none)
+                if not self._fits_ahead(req, total, 0, offloads):
+                    return None  # a preemption: the serial path's (grown pages stay grown)
+                kv.grow(req, total)
+            requests.append(req)
+            num_new.append(n)
             budget -= n
         watermark = max(1, len(running) // 4) if running else 0
         while self.waiting and budget > 0 and len(running) < self.config.max_num_seqs:
