@@ -272,6 +272,8 @@ def run(args: argparse.Namespace) -> int:
         _stop(session, FAILED)
         raise
     status = _stop(session, final)
+    if final != FAILED and session.error is not None:
+        final = FAILED  # the last write failed: the run is marked failed, not what was asked
     summary = {"run_id": session.run_id, "status": final} | status.as_dict()
     if args.json:
         print(json.dumps(summary))

@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections import deque
@@ -453,17 +454,25 @@ class WatchRecorder:
         writer = self._writer
         if isinstance(writer, WriterProcess):
             writer.finish(status, self.dropped_rows)
-            self._child_news()
+            self.dropped_rows += writer.take_failed()
+            if writer.error is not None and self.error is None:
+                self.error = KvscopeError(writer.error)  # said once, by whoever stopped us
             if writer.error is not None:
                 # The child died or failed: the run ended badly, whatever was asked, and
                 # says so itself (the child may not have been able to).
                 now = time.time()
-                self._db.execute(
-                    "UPDATE runs SET status = ?, ended_at = ?, heartbeat = ?, "
-                    "dropped_events = ? WHERE id = ?",
-                    (FAILED, now, now, self.dropped_rows, self.run_id),
-                )
-                self._db.conn.commit()
+                try:
+                    self._db.execute(
+                        "UPDATE runs SET status = ?, ended_at = ?, heartbeat = ?, "
+                        "dropped_events = ? WHERE id = ?",
+                        (FAILED, now, now, self.dropped_rows, self.run_id),
+                    )
+                    self._db.conn.commit()
+                except sqlite3.Error as exc:
+                    # What failed the child (a locked or full database) can fail this too:
+                    # the run then stays 'running' with no live writer, which readers show
+                    # as incomplete; the error the user sees is the child's.
+                    log.debug("kvscope watch: marking run %s failed: %s", self.run_id, exc)
         else:
             writer.finish(status, self.dropped_rows)
         self._db.conn.close()

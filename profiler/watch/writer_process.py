@@ -19,8 +19,9 @@ the batches in flight, never the consistency of what is on disk; and nothing is
 lost uncounted: the watching process keeps the rows it handed over that the
 child has not yet answered for (written or failed), and counts those as dropped
 when the child dies. If the child's own last write fails (a full disk, a locked
-database), it says so in one ``kvscope: error:`` line and exits non-zero, and
-the watching process marks the run failed.
+database), it exits non-zero and the watching process marks the run failed and
+says why; the child prints its ``kvscope: error:`` line itself only when the
+watching process is gone.
 """
 
 from __future__ import annotations
@@ -186,17 +187,17 @@ class WriterProcess:
 def _serve(db_path: str, run_id: int, rows_written: int, freeze_gc: bool, pipe: Connection) -> None:
     """The child: write what the watching process hands over until it says finish.
 
-    What it cannot recover from (its last write failing, mostly) ends it with one
-    ``kvscope: error:`` line and exit status 1, never multiprocessing's traceback."""
+    What it cannot recover from (its last write failing, mostly) ends it with exit
+    status 1 and its reason sent to the watching process (or, with that gone, one
+    ``kvscope: error:`` line), never multiprocessing's traceback."""
     try:
         _serve_until_finished(db_path, run_id, rows_written, freeze_gc, pipe)
     except Exception as exc:
         reason = f"the watch's writer process: {exc}"
         try:
-            pipe.send(("fatal", reason))
-        except (OSError, ValueError):  # the watching process is gone too
-            pass
-        print(f"kvscope: error: {reason}", file=sys.stderr, flush=True)
+            pipe.send(("fatal", reason))  # the watching process says it, once
+        except (OSError, ValueError):  # the watching process is gone too: say it here
+            print(f"kvscope: error: {reason}", file=sys.stderr, flush=True)
         sys.exit(1)
 
 
