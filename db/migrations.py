@@ -13,7 +13,12 @@ from collections.abc import Callable
 from sqlite_utils import Database
 
 from db.schema import APPLICATION_ID
-from db.watch_aggregates import add_prefill_series, create_aggregate_tables, rebuild_all
+from db.watch_aggregates import (
+    add_forgotten_removals,
+    add_prefill_series,
+    create_aggregate_tables,
+    rebuild_all,
+)
 from db.watch_schema import create_watch_tables, drop_raw_run_index
 from engine.errors import KvscopeError
 
@@ -205,6 +210,12 @@ def _v8_watch_prefill_series(db: Database) -> None:
     add_prefill_series(db)
 
 
+def _v9_watch_forgotten_removals(db: Database) -> None:
+    """``watch_source_stats.forgotten_removals``: removals the fold's fleet-wide
+    memory of removed hashes let go of (issue 23); 0 for runs recorded before."""
+    add_forgotten_removals(db)
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_initial,
     _v2_liveness_and_metrics,
@@ -214,6 +225,7 @@ MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v6_watch_aggregates,
     _v7_watch_raw_unindexed,
     _v8_watch_prefill_series,
+    _v9_watch_forgotten_removals,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

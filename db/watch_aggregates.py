@@ -1061,3 +1061,13 @@ def add_prefill_series(db) -> None:
     db.execute("ALTER TABLE watch_series ADD COLUMN new_blocks INTEGER")
     db.execute("ALTER TABLE watch_series ADD COLUMN both_misses INTEGER")
     rebuild_all(db.conn, untrimmed_only=True)
+
+
+def add_forgotten_removals(db) -> None:
+    """Schema v9: ``watch_source_stats.forgotten_removals``, the removals a source's
+    memory of removed hashes let go of under the fleet-wide ``EVICTED_MEMORY``
+    (a re-store of one of those counts as new prefill, not as recomputation).
+    Runs recorded before say 0: their per-source bound was not counted."""
+    db.execute(
+        "ALTER TABLE watch_source_stats ADD COLUMN forgotten_removals INTEGER NOT NULL DEFAULT 0"
+    )

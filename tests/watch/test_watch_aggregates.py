@@ -232,9 +232,11 @@ def test_evicted_memory_is_bounded_and_forgets_the_oldest(tmp_path: Path, monkey
 
 
 def _drop_v8_columns(db) -> None:
-    """A file as schema 7 left it: ``watch_series`` without migration 8's columns."""
+    """A file as schema 7 left it: ``watch_series`` without migration 8's columns (and
+    ``watch_source_stats`` without migration 9's)."""
     db.execute("ALTER TABLE watch_series DROP COLUMN new_blocks")
     db.execute("ALTER TABLE watch_series DROP COLUMN both_misses")
+    db.execute("ALTER TABLE watch_source_stats DROP COLUMN forgotten_removals")
 
 
 def test_a_migrated_database_gets_its_aggregates(tmp_path: Path) -> None:
@@ -278,8 +280,8 @@ def test_a_version_7_database_gets_its_windows_shares(tmp_path: Path) -> None:
     before = {s.source: s for s in q.block_stats(path, run_id)}
     _as_version_7(path)
     _as_version_7(trimmed, trim_before_s=600)
-    db = open_db(path)  # migrates to 8, folding the run again
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 8
+    db = open_db(path)  # migrates to 8 (folding the run again) and 9
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 9
     assert {s.source: s for s in q.block_stats(db, run_id)} == before  # the session unchanged
     for lo, hi in [(0, end), (59, 3661), (end - 900, end), (4321, 4400)]:
         window = q.Window(float(lo), float(hi))
