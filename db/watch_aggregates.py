@@ -48,9 +48,9 @@ import json
 import math
 import sqlite3
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
-from itertools import islice, repeat
+from itertools import repeat
 from operator import sub
 
 import numpy as np
@@ -58,9 +58,15 @@ import numpy as np
 from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_RESET, OP_STORED
 
 BUCKET_WIDTHS_S = (1, 60, 3600)
-# Hashes removed from a source remembered to recognise one stored again
-# (recomputation); an OrderedDict trims its oldest in O(1).
-EVICTED_MEMORY = 1_000_000
+# Removals the fleet remembers, all sources together, to recognise a hash stored again
+# on the source that removed it (recomputation after eviction): the newest this many,
+# the oldest forgotten first. A fleet budget, not one per source: 1M per source had let
+# 64 sources hold 64M (~10 GB). About 80 bytes each in the sources' plain dicts (as
+# dicts size themselves under churn) plus ~16 in the ring (an entry per removal event)
+# and the hash, often shared with the prefix tree: ~200-250 MB at the bound (measured:
+# bench/watch_rate.py). At 570 removals/s (8 busy ranks: issue 23's 4M-event hour)
+# that is the last hour.
+EVICTED_MEMORY = 2_000_000
 TOP_PREFIXES = 20
 # The prefix tree keeps every block ever stored up to this many; past it, the
 # oldest leaves no source holds any more are forgotten (counts above them stay).
@@ -179,7 +185,8 @@ class _Shelf:
 class _Source:
     """One source's cache as the stream tells it."""
 
-    __slots__ = ("bit", "engine", "tree", "shelves", "on_source", "evicted", "counts", "hist")
+    __slots__ = ("bit", "engine", "tree", "shelves", "on_source", "evicted", "forgotten",
+                 "counts", "hist")  # fmt: skip
 
     def __init__(self, index: int, engine: str, tree: _Tree) -> None:
         self.bit = 1 << index
@@ -189,7 +196,10 @@ class _Source:
         # hash -> shelves holding it; kept only once a source has two shelves (an
         # offload tier, hybrid groups): with one, held there is held on the source.
         self.on_source: dict[int, int] | None = None
-        self.evicted: OrderedDict[int, int] = OrderedDict()  # hash -> removed at (ns)
+        # hash -> removed at (ns), while the removal is among the fleet's remembered ones
+        # (FleetState._ring says which are oldest; this dict's order means nothing)
+        self.evicted: dict[int, int] = {}
+        self.forgotten = 0  # removals let go of under EVICTED_MEMORY, never re-stored by then
         self.counts = [0] * len(STAT_COLUMNS)  # STAT_COLUMNS order; lifetime_sum_s in s
         self.counts[_LIFE_SUM] = 0.0
         # durations (ns) per histogram since the last persist, binned then (numpy)
@@ -267,16 +277,6 @@ class _Tree:
         self.peak = 0
 
 
-def _trim(evicted: OrderedDict[int, int]) -> None:
-    """Forget the oldest removals past ``EVICTED_MEMORY`` (in C when there are many)."""
-    over = len(evicted) - EVICTED_MEMORY
-    if over > 8:
-        deque(map(evicted.__delitem__, list(islice(evicted, over))), 0)
-    else:
-        for _ in range(over):
-            evicted.popitem(last=False)
-
-
 class FleetState:
     """Every source's cache, the fleet's holders and the prefix trees of one run."""
 
@@ -297,6 +297,13 @@ class FleetState:
         # (source, medium) -> _note_entries' last answer; reset with the dicts above
         self._note_at: dict[tuple, tuple] = {}
         self._series_sql: tuple[str, int] | None = None  # _series_sql's, on the first persist
+        self._stats_sql: tuple[str, bool] | None = None  # _stats_sql's, on the first persist
+        # The fleet's remembered removals, oldest first: (source, removed at, hashes: a
+        # list, or one int), an entry per removal event rather than per hash; a hash
+        # whose source's ``evicted`` no longer says that time (re-stored, removed again,
+        # cleared) is stale there and forgets nothing. ``_remembered``: hashes in it.
+        self._ring: deque[tuple] = deque()
+        self._remembered = 0
 
     # --- feeding ----------------------------------------------------------------------
 
@@ -708,10 +715,11 @@ class FleetState:
                 )
                 counts[_LIFE_COUNT] += 1
                 counts[_LIFE_SUM] += life / 1e9
-                evicted = src.evicted
-                evicted[block] = ts_ns
-                if len(evicted) > EVICTED_MEMORY:
-                    evicted.popitem(last=False)
+                src.evicted[block] = ts_ns
+                self._ring.append((src, ts_ns, block))
+                self._remembered += 1
+                if self._remembered > EVICTED_MEMORY:
+                    self._forget()
                 tree, bit = src.tree, src.bit
                 held = tree.held
                 mask = held.get(block, 0)
@@ -745,10 +753,11 @@ class FleetState:
                     hist["idle_before_evict"] += lives
                 counts[_LIFE_COUNT] += n
                 counts[_LIFE_SUM] += (n * ts_ns - sum(births)) / 1e9
-                evicted = src.evicted
-                evicted.update(zip(hashes, repeat(ts_ns)))
-                if len(evicted) > EVICTED_MEMORY:
-                    _trim(evicted)
+                src.evicted.update(zip(hashes, repeat(ts_ns)))
+                self._ring.append((src, ts_ns, hashes))
+                self._remembered += n
+                if self._remembered > EVICTED_MEMORY:
+                    self._forget()
                 tree, bit = src.tree, src.bit
                 held = tree.held
                 masks = list(map(held.pop, hashes))
@@ -775,15 +784,14 @@ class FleetState:
         tree, bit = src.tree, src.bit
         held = tree.held
         copies = life_ns = unknown = lives = 0
+        remembered = []
         for block in hashes:
             stored_at = born.get(block)
             if stored_at is None:
                 unknown += 1
                 if on_source is None or block not in on_source:
-                    evicted[block] = ts_ns
-                    evicted.move_to_end(block)
-                    if len(evicted) > EVICTED_MEMORY:
-                        evicted.popitem(last=False)
+                    evicted[block] = ts_ns  # an older ring entry of it is stale now
+                    remembered.append(block)
                 continue
             copies += 1
             extra = more.get(block)
@@ -806,8 +814,7 @@ class FleetState:
                     continue
                 del on_source[block]
             evicted[block] = ts_ns
-            if len(evicted) > EVICTED_MEMORY:
-                evicted.popitem(last=False)
+            remembered.append(block)
             mask = held.get(block, 0)  # the fleet: this source no longer holds it
             if mask & bit:
                 mask &= ~bit
@@ -822,6 +829,40 @@ class FleetState:
         counts[_UNKNOWN] += unknown
         counts[_LIFE_COUNT] += lives
         counts[_LIFE_SUM] += life_ns / 1e9
+        if remembered:
+            self._ring.append((src, ts_ns, remembered))
+            self._remembered += len(remembered)
+            if self._remembered > EVICTED_MEMORY:
+                self._forget()
+
+    def _forget(self) -> None:
+        """Let go of the fleet's oldest remembered removals past ``EVICTED_MEMORY``
+        (an entry at a time, in C where none of its hashes is stale)."""
+        ring = self._ring
+        over = self._remembered - EVICTED_MEMORY
+        while over > 0 and ring:
+            src, ts_ns, hashes = ring.popleft()
+            if hashes.__class__ is int:
+                hashes = [hashes]
+            n = len(hashes)
+            if n > over:  # the newer part of the entry stays remembered
+                ring.appendleft((src, ts_ns, hashes[over:]))
+                hashes = hashes[:over]
+                n = over
+            over -= n
+            self._remembered -= n
+            evicted = src.evicted
+            if not evicted:
+                continue
+            if list(map(evicted.get, hashes)).count(ts_ns) == n:
+                # pop, not del: a hash removed twice in one event is in the entry twice
+                popped = list(map(evicted.pop, hashes, repeat(None)))
+                src.forgotten += n - popped.count(None)
+                continue
+            for h in hashes:
+                if evicted.get(h) == ts_ns:
+                    del evicted[h]
+                    src.forgotten += 1
 
     def _clear(self, src: _Source, source: int, ts_ns: int, op: int) -> None:
         src.counts[_CLEARS if op == OP_CLEARED else _RESETS] += 1
@@ -872,11 +913,15 @@ class FleetState:
         for tree in self.trees.values():
             if len(tree.nodes) > MAX_TREE_NODES:
                 _prune(tree, len(tree.nodes) - MAX_TREE_NODES * 9 // 10)
-        stat_names = ", ".join(STAT_COLUMNS)
+        if self._stats_sql is None:
+            self._stats_sql = _stats_sql(conn, r)
+        sql, forgotten = self._stats_sql
         conn.executemany(
-            f"INSERT OR REPLACE INTO watch_source_stats (run_id, source, {stat_names}) "
-            f"VALUES ({r}, ?, {', '.join('?' * len(STAT_COLUMNS))})",
-            [(i, *s.counts) for i, s in self.sources.items()],
+            sql,
+            [
+                (i, *s.counts, s.forgotten) if forgotten else (i, *s.counts)
+                for i, s in self.sources.items()
+            ],
         )
         conn.executemany(
             f"INSERT OR REPLACE INTO watch_live VALUES ({r}, ?, ?, ?, ?, ?)",
@@ -950,6 +995,21 @@ class FleetState:
         )
 
 
+def _stats_sql(conn: sqlite3.Connection, run_id: int) -> tuple[str, bool]:
+    """The upsert of a source's stats (``STAT_COLUMNS``, then its forgotten removals)
+    and whether it writes the forgotten ones: only where ``watch_source_stats`` has
+    their column (schema v9; migrations 6 and 8 fold runs before it exists)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(watch_source_stats)")}
+    forgotten = "forgotten_removals" in columns
+    names = ", ".join(STAT_COLUMNS) + (", forgotten_removals" if forgotten else "")
+    values = ", ".join("?" * (len(STAT_COLUMNS) + forgotten))
+    return (
+        f"INSERT OR REPLACE INTO watch_source_stats (run_id, source, {names}) "
+        f"VALUES ({run_id}, ?, {values})",
+        forgotten,
+    )
+
+
 def _series_sql(conn: sqlite3.Connection, run_id: int) -> tuple[str, int]:
     """The upsert of series deltas and how many of an entry's counts it writes: all
     seven, or the first five where ``watch_series`` is older than schema v8 (migration
@@ -976,23 +1036,33 @@ def _series_sql(conn: sqlite3.Connection, run_id: int) -> tuple[str, int]:
 def _prune(tree: _Tree, count: int) -> None:
     """Forget up to ``count`` of the oldest leaves that no source holds: a week-long
     watch's tree stays bounded; the figures above them (children seen, blocks
-    stored under) keep what they counted."""
+    stored under) keep what they counted. A ``_Chain`` none of whose blocks is held
+    is a path of leaves (nothing hangs below its blocks but the next one) and goes
+    whole, unmade: taking only its last block, and making its nodes to do so, had
+    pruned one block in a chain's length and kept the tree growing, each persist
+    scanning it all."""
     nodes, held = tree.nodes, tree.held
-    gone = []
+    gone: list[int] = []
+    chains: list[_Chain] = []
+    taken = 0
     for block, node in nodes.items():
         if node.__class__ is _Chain:
-            if block != node.hashes[-1] or block in held:
-                continue  # within a chain only its last block is a leaf
-            _unchain(nodes, node, block)  # values only: the dict's size is unchanged
-            gone.append(block)
+            hashes = node.hashes
+            if block != hashes[0] or (held and not held.keys().isdisjoint(hashes)):
+                continue  # a chain is taken at its first block, whole
+            chains.append(node)
+            taken += len(hashes)
         elif not node[2] and block not in held:
             gone.append(block)
+            taken += 1
         else:
             continue
-        if len(gone) >= count:
+        if taken >= count:
             break
     for block in gone:
         del nodes[block]
+    for chain in chains:
+        deque(map(nodes.__delitem__, chain.hashes), 0)
 
 
 def _binned(source: int, name: str, durations_ns: list[int]) -> list[tuple]:

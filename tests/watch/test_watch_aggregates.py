@@ -384,21 +384,23 @@ def test_the_prefix_tree_forgets_old_unheld_leaves_past_its_bound(tmp_path, monk
 
 def test_chains_nobody_touched_are_pruned_and_grown_as_nodes(tmp_path, monkeypatch) -> None:
     """An event's new blocks are one record until one of them is needed (a child, a
-    prune): the tree is the one its nodes would have made."""
+    prune): the tree is the one its nodes would have made, and a chain no source holds
+    is pruned whole (a path of leaves), not only its last block."""
     monkeypatch.setattr(agg, "MAX_TREE_NODES", 4)
     monkeypatch.setattr(agg, "PREFIX_REFRESH_S", 0.0)  # the ranking at every write
     db, writer, run_id = _run(tmp_path / "w.db", sources=1)
     rows = [_row(0, 0.0, OP_STORED, [1, 2, 3]), _row(0, 1.0, OP_REMOVED, [1, 2, 3])]
-    rows += [_row(0, 2.0, OP_STORED, [10, 11])]  # 5 nodes > 4: 2 to go, only 3 is a leaf
+    rows += [_row(0, 2.0, OP_STORED, [10, 11])]  # 5 nodes > 4: 2 to go, 1-2-3 held by none
     writer.write(WatchBatch(blocks=rows))
     (tree,) = q.tree_summary(db, run_id)
-    assert (tree.nodes, tree.roots, tree.branch_points) == (4, 2, 0)
-    writer.write(WatchBatch(blocks=[_row(0, 3.0, OP_STORED, [4], parent=2)]))  # 2 branches
+    assert (tree.nodes, tree.roots, tree.branch_points) == (2, 2, 0)  # roots counted stay
+    rows = [_row(0, 3.0, OP_STORED, [20, 21, 22]), _row(0, 4.0, OP_STORED, [4], parent=21)]
+    writer.write(WatchBatch(blocks=rows))  # 21 branches; 6 nodes, all held: none to prune
     (tree,) = q.tree_summary(db, run_id)
     (top,) = q.prefix_tree(db, run_id)
     db.conn.close()
-    assert (tree.nodes, tree.branch_points, tree.max_depth) == (5, 1, 3)
-    assert (top.block_hash, top.depth_blocks, top.branches, top.subtree_blocks) == (2, 2, 2, 3)
+    assert (tree.nodes, tree.branch_points, tree.max_depth) == (6, 1, 3)
+    assert (top.block_hash, top.depth_blocks, top.branches, top.subtree_blocks) == (21, 2, 2, 3)
 
 
 def test_keep_raw_trims_raw_rows_and_the_aggregates_survive(tmp_path: Path) -> None:
