@@ -22,7 +22,9 @@ and recorder threads, the writer process) and the peak RSS.
         [--writer process|thread] [--stages]
 
 ``--stages`` times decoding, rows, inserts and folding apart instead (CPU
-seconds, one thread, no sockets): what each costs, whatever the machine's load.
+seconds, one thread, no sockets): what each costs, whatever the machine's load;
+and what the fold keeps at the end (removals remembered and forgotten, prefix
+tree nodes), bounded by the fleet-wide budgets however long the session.
 """
 
 from __future__ import annotations
@@ -283,6 +285,12 @@ def stages(args: argparse.Namespace) -> None:
     n = args.sources * args.batches * 2 * args.stored * args.blocks
     print(f"{n:,} block events, CPU s: decode {decode_s:.3f}, rows {rows_s:.3f}, "
           f"inserts {insert_s:.3f}, folding {fold_s:.3f} ({n / fold_s / 1e6:.2f} M/s)")  # fmt: skip
+    # What the fold keeps at the end: bounded, whatever the session's length.
+    remembered = sum(len(s.evicted) for s in state.sources.values())
+    forgotten = sum(getattr(s, "forgotten", 0) for s in state.sources.values())
+    nodes = sum(len(t.nodes) for t in state.trees.values())
+    print(f"fold state: {remembered:,} removals remembered, {forgotten:,} forgotten; "
+          f"prefix tree {nodes:,} nodes")  # fmt: skip
 
 
 def main() -> None:

@@ -231,6 +231,45 @@ def test_evicted_memory_is_bounded_and_forgets_the_oldest(tmp_path: Path, monkey
     assert stats.recomputed == 1  # 5 was remembered; 1 was the oldest, forgotten
 
 
+def test_the_fleet_remembers_its_last_removals_and_counts_those_forgotten(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """One budget for the whole fleet: past it the oldest removals are forgotten first
+    (a re-store of one is new prefill, not recomputation), counted per source; one
+    re-stored or removed again since is no longer that removal, and forgets nothing."""
+    monkeypatch.setattr(agg, "EVICTED_MEMORY", 5)
+    db, writer, run_id = _run(tmp_path / "w.db", sources=2)
+    rows = [_row(0, 0.0, OP_STORED, [1, 2, 3]), _row(1, 0.0, OP_STORED, [11, 12, 13])]
+    rows += [
+        _row(0, 1.0, OP_REMOVED, [1, 2, 3]),  # remembered: 3
+        _row(1, 2.0, OP_REMOVED, [11, 12, 13, 99]),  # 99 unknown: 7, so 1 and 2 forgotten
+        _row(0, 3.0, OP_STORED, [1, 3]),  # 1 forgotten: new; 3 recomputed
+        _row(1, 3.0, OP_STORED, [13]),  # recomputed
+        _row(0, 4.0, OP_REMOVED, [3]),  # the oldest, 3 at 1 s, was re-stored: nothing lost
+        _row(0, 5.0, OP_STORED, [3]),  # recomputed: its removal at 4 s is remembered
+        _row(1, 5.0, OP_STORED, [11]),  # recomputed
+        _row(0, 6.0, OP_REMOVED, [1, 3]),  # 11 (re-stored) and 12 go: 12 forgotten
+        _row(1, 7.0, OP_STORED, [12, 99]),  # 12 forgotten: new; 99 recomputed
+    ]
+    writer.write(WatchBatch(blocks=rows))
+
+    def stats() -> list[tuple]:
+        return db.execute(
+            "SELECT source, new_blocks, recomputed, forgotten_removals FROM watch_source_stats "
+            "WHERE run_id = ? ORDER BY source",
+            (run_id,),
+        ).fetchall()
+
+    assert stats() == [(0, 6, 2, 2), (1, 7, 3, 1)]
+    assert [s.recomputed for s in q.block_stats(db, run_id)] == [2, 3]
+    with db.atomic():
+        state = agg.rebuild(db.conn, run_id)  # the raw rows folded again: the same
+    assert stats() == [(0, 6, 2, 2), (1, 7, 3, 1)]
+    assert state._remembered == 5  # the bound, stale entries included
+    assert state.sources[0].evicted == {1: 6 * S, 3: 6 * S} and not state.sources[1].evicted
+    db.conn.close()
+
+
 def _drop_v8_columns(db) -> None:
     """A file as schema 7 left it: ``watch_series`` without migration 8's columns (and
     ``watch_source_stats`` without migration 9's)."""
