@@ -40,10 +40,10 @@ class Projection:
     format allows (``addmm``): the residual add costs no op of its own.
 
     bf16 weights on the CPU are stored in oneDNN's blocked layout (``packed``),
-    reordered once here (``pack=False`` keeps the plain layout CUDA uses):
-    ``F.linear`` reorders a plain weight on every call, and at one row that
-    halved its speed (1-thread GEMV at the model's shapes: 12-15 GB/s plain,
-    20-32 GB/s packed; as fast or faster at 4-512 rows too).
+    reordered once here (``pack=False`` keeps the plain layout CUDA uses): at one
+    row ``F.linear`` on a plain bf16 weight ran at half the speed (1-thread GEMV at
+    the model's shapes: 12-15 GB/s plain, 20-32 GB/s packed; as fast or faster at
+    4-512 rows too but for the QKV shape at 500 rows), with the same bits.
     """
 
     __slots__ = ("weight", "weight_t", "scales", "bias", "fmt", "packed")
