@@ -61,11 +61,10 @@ BUCKET_WIDTHS_S = (1, 60, 3600)
 # Removals the fleet remembers, all sources together, to recognise a hash stored again
 # on the source that removed it (recomputation after eviction): the newest this many,
 # the oldest forgotten first. A fleet budget, not one per source: 1M per source had let
-# 64 sources hold 64M (~10 GB). About 80 bytes each in the sources' plain dicts (as
-# dicts size themselves under churn) plus ~16 in the ring (an entry per removal event)
-# and the hash, often shared with the prefix tree: ~200-250 MB at the bound (measured:
-# bench/watch_rate.py). At 570 removals/s (8 busy ranks: issue 23's 4M-event hour)
-# that is the last hour.
+# 64 sources hold 64M (~10 GB). 110-140 bytes each, the hash included (a plain dict
+# entry as dicts size themselves under churn, a share of the ring: an entry per removal
+# event or batch): 220-280 MB at the bound. At 570 removals/s (8 busy ranks: issue
+# 23's 4M-event hour) that is the last hour.
 EVICTED_MEMORY = 2_000_000
 TOP_PREFIXES = 20
 # The prefix tree keeps every block ever stored up to this many; past it, the
@@ -298,8 +297,9 @@ class FleetState:
         self._note_at: dict[tuple, tuple] = {}
         self._series_sql: tuple[str, int] | None = None  # _series_sql's, on the first persist
         self._stats_sql: tuple[str, bool] | None = None  # _stats_sql's, on the first persist
-        # The fleet's remembered removals, oldest first: (source, removed at, hashes: a
-        # list, or one int), an entry per removal event rather than per hash; a hash
+        # The fleet's remembered removals, oldest first: (source, removed at, hashes,
+        # whether that list is the ring's own, so a batch's one-hash removals can share
+        # it), an entry per removal event (or batch) rather than per hash; a hash
         # whose source's ``evicted`` no longer says that time (re-stored, removed again,
         # cleared) is stale there and forgets nothing. ``_remembered``: hashes in it.
         self._ring: deque[tuple] = deque()
@@ -716,7 +716,12 @@ class FleetState:
                 counts[_LIFE_COUNT] += 1
                 counts[_LIFE_SUM] += life / 1e9
                 src.evicted[block] = ts_ns
-                self._ring.append((src, ts_ns, block))
+                ring = self._ring
+                tail = ring[-1] if ring else None
+                if tail is not None and tail[3] and tail[0] is src and tail[1] == ts_ns:
+                    tail[2].append(block)  # the batch's one-hash removals: one entry
+                else:
+                    ring.append((src, ts_ns, [block], True))
                 self._remembered += 1
                 if self._remembered > EVICTED_MEMORY:
                     self._forget()
@@ -754,7 +759,7 @@ class FleetState:
                 counts[_LIFE_COUNT] += n
                 counts[_LIFE_SUM] += (n * ts_ns - sum(births)) / 1e9
                 src.evicted.update(zip(hashes, repeat(ts_ns)))
-                self._ring.append((src, ts_ns, hashes))
+                self._ring.append((src, ts_ns, hashes, False))  # the event's list, kept
                 self._remembered += n
                 if self._remembered > EVICTED_MEMORY:
                     self._forget()
@@ -830,7 +835,7 @@ class FleetState:
         counts[_LIFE_COUNT] += lives
         counts[_LIFE_SUM] += life_ns / 1e9
         if remembered:
-            self._ring.append((src, ts_ns, remembered))
+            self._ring.append((src, ts_ns, remembered, True))
             self._remembered += len(remembered)
             if self._remembered > EVICTED_MEMORY:
                 self._forget()
@@ -841,12 +846,10 @@ class FleetState:
         ring = self._ring
         over = self._remembered - EVICTED_MEMORY
         while over > 0 and ring:
-            src, ts_ns, hashes = ring.popleft()
-            if hashes.__class__ is int:
-                hashes = [hashes]
+            src, ts_ns, hashes, _ = ring.popleft()
             n = len(hashes)
             if n > over:  # the newer part of the entry stays remembered
-                ring.appendleft((src, ts_ns, hashes[over:]))
+                ring.appendleft((src, ts_ns, hashes[over:], True))
                 hashes = hashes[:over]
                 n = over
             over -= n
