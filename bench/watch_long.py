@@ -18,7 +18,7 @@ it), the TUI's ``WatchView`` refresh (snapshot and render) and
 ``kvscope report --format html``.
 
     .venv/bin/python bench/watch_long.py [--events 500000,1000000,2000000,4000000]
-    .venv/bin/python bench/watch_long.py --removals   # a removal's cost past 1M of them
+    .venv/bin/python bench/watch_long.py --removals   # a removal's cost past the memory's bound
 """
 
 from __future__ import annotations
@@ -299,15 +299,16 @@ def time_views(path: Path, repeats: int) -> dict:
     return out
 
 
-def removal_cost(chunk: int = 200_000, chunks: int = 7) -> None:
-    """Per-removal cost as a source's memory of removed hashes fills to its bound
-    (1M) and trims its oldest: flat, where the replay's dict had made each removal
-    40-620 us past 1M (issue 23)."""
-    from db.watch_aggregates import FleetState
+def removal_cost(chunk: int = 200_000) -> None:
+    """Per-removal cost as the fleet's memory of removed hashes fills to its bound
+    (``EVICTED_MEMORY``) and forgets its oldest: flat, where the replay's dict had
+    made each removal 40-620 us past 1M (issue 23)."""
+    from db.watch_aggregates import EVICTED_MEMORY, FleetState
 
     state = FleetState(1, 0)
     state.add_source(0, "vllm")
-    for k in range(chunks):
+    # Two chunks past the bound, so the last ones pay for forgetting.
+    for k in range(EVICTED_MEMORY // chunk + 2):
         hashes = list(range(k * chunk, (k + 1) * chunk))
         state.apply([(0, 0, k, OP_STORED, None, None, "GPU", 0, chunk)], [hashes])
         t = time.perf_counter()
@@ -325,7 +326,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--views", type=Path, help=argparse.SUPPRESS)  # the child process
     parser.add_argument(
-        "--removals", action="store_true", help="only the per-removal cost past 1M removals"
+        "--removals", action="store_true", help="only the per-removal cost past the removals bound"
     )
     args = parser.parse_args()
     if args.removals:
