@@ -32,7 +32,7 @@ OVERHEAD_NOTE = "CUDA context, cuBLAS workspace and NCCL buffers cost 1-2 GiB"
 MAX_FIGURE = 1e15
 
 
-def _finite(text: str) -> float:
+def finite(text: str) -> float:
     """A float from the command line; NaN, infinity and absurd magnitudes are refused."""
     try:
         value = float(text)
@@ -88,19 +88,15 @@ def port(text: str) -> int:
     return value
 
 
-def finite(text: str) -> float:
-    return _finite(text)
-
-
 def non_negative(text: str) -> float:
-    value = _finite(text)
+    value = finite(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
 
 
 def positive(text: str) -> float:
-    value = _finite(text)
+    value = finite(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
@@ -113,7 +109,7 @@ def parse_count(text: str) -> int:
         value = float(text[:-1] if scale != 1 else text) * scale
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a count: {text!r} (try 8e9 or 8B)") from None
-    if not math.isfinite(value) or value > 1e15:
+    if not math.isfinite(value) or value > MAX_FIGURE:
         raise argparse.ArgumentTypeError(f"not a parameter count: {text!r} (try 8e9 or 8B)")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
