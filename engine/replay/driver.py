@@ -205,10 +205,11 @@ class ReplayDriver:
         self.prepared = prepared
         self.sequential = cfg.timing == "sequential"
         entries = trace.entries
-        longest = max(-(-(e.input_len + max(1, e.output_len)) // ps) for e in entries)
+        pages = [-(-(e.input_len + max(1, e.output_len)) // ps) for e in entries]
+        longest = max(pages)
         # More pages than the whole trace needs change nothing: a larger capacity is
         # "unlimited" (and must not allocate a pool of that size).
-        total = sum(-(-(e.input_len + max(1, e.output_len)) // ps) for e in entries)
+        total = sum(pages)
         if cfg.capacity_tokens is None:
             self.cap_pages = None
             num_pages = total + 1
