@@ -21,7 +21,7 @@ async def test_help_screen_scrolls_to_its_end_at_80x24(recorded: Recorded) -> No
         assert scroll.max_scroll_y > 0  # more than fits: hence the subtitle
         assert "scroll" in str(scroll.border_subtitle) and "close" in str(scroll.border_subtitle)
         assert app.focused is scroll
-        for _ in range(scroll.max_scroll_y + 5):  # (PgDn and End move the replay: priority keys)
+        for _ in range(scroll.max_scroll_y + 5):  # the arrows (PgDn/End: test_help_scroll.py)
             await pilot.press("down")
         await pilot.pause(0.5)
         assert scroll.scroll_y == scroll.max_scroll_y  # the last line is reachable
