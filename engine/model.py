@@ -42,7 +42,7 @@ class Projection:
     bf16 weights on the CPU are stored in oneDNN's blocked layout (``packed``),
     reordered once here (``pack=False`` keeps the plain layout CUDA uses): at one
     row ``F.linear`` on a plain bf16 weight ran at half the speed (1-thread GEMV at
-    the model's shapes: 12-15 GB/s plain, 20-32 GB/s packed; as fast or faster at
+    the model's shapes: 12-15 GB/s plain, 20-35 GB/s packed; as fast or faster at
     4-512 rows too but for the QKV shape at 500 rows), with the same bits.
     """
 
