@@ -236,7 +236,7 @@ def stages(args: argparse.Namespace) -> None:
     from db.watch_writer import WatchBatch, WatchWriter, _insert
     from db.writer import create_run
     from profiler.watch.rows import SourceAttrs, batch_rows
-    from profiler.watch.wire import decode_payload
+    from profiler.watch.wire import decode_batch
 
     rng = random.Random(7)
     per_source = [_payloads(_Encoder(), rng, args) for _ in range(args.sources)]  # type: ignore[arg-type]
@@ -244,7 +244,7 @@ def stages(args: argparse.Namespace) -> None:
     gc.set_threshold(10_000, 10, 10)  # as kvscope watch runs
     clock = time.process_time
     t = clock()
-    decoded = [(s, i, decode_payload(payload)) for s, i, payload in order]
+    decoded = [(s, i, decode_batch(payload)) for s, i, payload in order]  # as the watch does
     decode_s = clock() - t
     attrs = {s: SourceAttrs() for s in range(args.sources)}
     chunks = []

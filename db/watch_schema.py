@@ -3,9 +3,10 @@ raw events, incidents and /metrics samples.
 
 ``create_watch_tables`` is schema version 3's migration body (``db.migrations``);
 change it only by adding a migration. ``watch_blocks`` holds one row per event
-as published, its hashes a JSON array (one row per hash would cost several
-times the insert rate at fleet scale); the view ``watch_block_hashes`` gives
-one row per block with its parent, for plain SQL.
+as published (but consecutive plain BlockRemoved events of a batch, which may
+share one: ``profiler.watch.rows``), its hashes a JSON array (one row per hash
+would cost several times the insert rate at fleet scale); the view
+``watch_block_hashes`` gives one row per block with its parent, for plain SQL.
 """
 
 from __future__ import annotations

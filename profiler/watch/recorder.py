@@ -262,7 +262,10 @@ class WatchRecorder:
             self._wake.set()
             self._room.wait(0.1)
         self._batches.append((stream.index, seq, batch))
-        if len(self._batches) >= self._flush_at:
+        # Set once: setting a set Event still takes its lock and notifies (a backlog
+        # had the subscriber do that for every batch); the writer thread flushes
+        # until the queue is below flush_at after it wakes, whatever came meanwhile.
+        if len(self._batches) >= self._flush_at and not self._wake.is_set():
             self._wake.set()
 
     def on_incident(

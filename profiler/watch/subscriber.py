@@ -29,7 +29,7 @@ from profiler.watch.sources import SourceSpec, offset_endpoint
 from profiler.watch.wire import (
     REPLAY_END,
     EventBatch,
-    decode_payload,
+    decode_batch,
     pack_seq,
     parse_live,
     parse_replay,
@@ -414,7 +414,7 @@ class _Restarted(Exception):  # noqa: N818 (a signal between two methods, not an
 def _decode(payload: bytes) -> EventBatch | str:
     """The batch, or why it cannot be decoded."""
     try:
-        return decode_payload(payload)
+        return decode_batch(payload)
     except KvscopeError as exc:
         return str(exc)
 

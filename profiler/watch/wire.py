@@ -12,6 +12,7 @@ SGLang signed), the only form SQLite can hold.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,13 +116,25 @@ class KvEvent(msgspec.Struct, gc=False):
     extra: dict[str, Any] = {}
 
 
-@dataclass(slots=True)
-class EventBatch:
-    """One scheduler step's events, as published."""
+class EventBatch(msgspec.Struct, gc=False):
+    """One scheduler step's events, as published.
+
+    ``known``: the events are a tuple of the usual batch's typed structs
+    (``StoredEvent``, ``RemovedEvent``, ``ClearedEvent``: known fields only, hashes
+    a tuple of unsigned ints as sent), not ``KvEvent``. The recorder makes rows from
+    them in one pass per event (``profiler.watch.rows``): a ``KvEvent`` and a signed
+    hash list made per event here, then read again there, had cost a third of the
+    watching process's CPU. And a queued known batch holds nothing the garbage
+    collector keeps tracking (this struct is untracked, as are tuples of ints and
+    of untracked structs once a young collection has seen them): the lists a
+    queue of 20,000 batches held had made the collector's passes cost the
+    watching process a third of its CPU again. ``decode_payload`` always gives
+    ``KvEvent``."""
 
     ts: float
-    events: list[KvEvent]
+    events: Sequence[Any]  # KvEvent, or (known) the typed structs
     dp_rank: int | None = None
+    known: bool = False
 
 
 def _as_map(raw: Any) -> dict[str, Any]:
@@ -200,7 +213,14 @@ def _known_struct(kind: str) -> type:
     """A struct of exactly ``kind``'s known fields: decoding into it fails, and the
     untyped path takes over, on anything else (an unknown field, a hash that is
     not an integer), so nothing the general path would keep is lost."""
-    typed = {"block_hashes": (list[int], []), "parent_block_hash": (int | None, None)}
+    typed = {
+        "block_hashes": (tuple[int, ...], ()),
+        "parent_block_hash": (int | None, None),
+        # Never stored: kept undecoded (a view of the payload), so that a queue of
+        # batches does not hold a Python int per token.
+        "token_ids": (msgspec.Raw, None),
+        "lookahead_token_ids": (msgspec.Raw, None),
+    }
     fields = [
         (name, *typed.get(name, (Any, None))) for name in sorted(KNOWN_FIELDS[kind] - {"type"})
     ]
@@ -209,52 +229,76 @@ def _known_struct(kind: str) -> type:
     )
 
 
-_STORED, _REMOVED, _CLEARED = map(_known_struct, (BLOCK_STORED, BLOCK_REMOVED, ALL_BLOCKS_CLEARED))
+StoredEvent, RemovedEvent, ClearedEvent = map(
+    _known_struct, (BLOCK_STORED, BLOCK_REMOVED, ALL_BLOCKS_CLEARED)
+)
 # The usual batch: [ts, map-shaped events of known fields only, dp_rank], decoded
-# to C structs with no dict per event.
-_FAST_DECODER = msgspec.msgpack.Decoder(tuple[float, list[_STORED | _REMOVED | _CLEARED], Any])
+# to C structs with no dict per event (and tuples: see EventBatch).
+_KNOWN_EVENT = StoredEvent | RemovedEvent | ClearedEvent  # type: ignore[valid-type]
+_FAST_DECODER = msgspec.msgpack.Decoder(tuple[float, tuple[_KNOWN_EVENT, ...], Any])
+
+
+def _signed(hashes: Sequence[int]) -> list[int]:
+    return [v - _TWO_64 if v > _MAX_INT64 else v for v in hashes]
+
+
+def _extra(e: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """A typed event's newer per-event fields that are set, as ``KvEvent.extra``."""
+    extra = {k: getattr(e, k) for k in names if getattr(e, k) is not None}
+    if extra.get("extra_keys") is not None and not any(extra["extra_keys"]):
+        del extra["extra_keys"]  # [None, None, ...]: nothing to keep
+    return extra or _NOTHING
+
+
+STORED_EXTRA = EXTRA_FIELDS
+REMOVED_EXTRA = ("locality", "ownership")
+
+
+def stored_extra(e: Any) -> dict[str, Any]:
+    """A ``StoredEvent``'s ``KvEvent.extra``: empty (shared, never mutated) in the usual case."""
+    if e.session_id is None and e.cache_salt is None and e.locality is None \
+            and e.ownership is None and e.extra_keys is None:  # fmt: skip
+        return _NOTHING
+    return _extra(e, STORED_EXTRA)
+
+
+def removed_extra(e: Any) -> dict[str, Any]:
+    """A ``RemovedEvent``'s ``KvEvent.extra``."""
+    if e.locality is None and e.ownership is None:
+        return _NOTHING
+    return _extra(e, REMOVED_EXTRA)
+
+
+def as_kv_event(e: Any) -> KvEvent:
+    """A typed struct of the usual batch as the ``KvEvent`` the general path makes."""
+    cls = type(e)
+    if cls is ClearedEvent:
+        return KvEvent(ALL_BLOCKS_CLEARED, unknown=_NOTHING)
+    if cls is StoredEvent:
+        p = e.parent_block_hash
+        return KvEvent(
+            BLOCK_STORED, _signed(e.block_hashes),
+            p if p is None or p <= _MAX_INT64 else p - _TWO_64,
+            e.block_size, e.medium, e.group_idx, e.lora_name, e.kv_cache_spec_kind,
+            _NOTHING, stored_extra(e),
+        )  # fmt: skip
+    return KvEvent(BLOCK_REMOVED, _signed(e.block_hashes), None, None, e.medium, e.group_idx,
+                   None, None, _NOTHING, removed_extra(e))  # fmt: skip
 
 
 def _fast_batch(payload: bytes) -> EventBatch | None:
-    """The batch if it has the usual shape, else None (then decode it in full)."""
+    """The batch if it has the usual shape (``known``), else None (then decode it in full)."""
     try:
-        ts, raw_events, dp_rank = _FAST_DECODER.decode(payload)
+        ts, events, dp_rank = _FAST_DECODER.decode(payload)
     except (msgspec.DecodeError, TypeError):  # ValidationError is a DecodeError
         return None
-    events = []
-    append = events.append
-    for e in raw_events:
-        cls = type(e)
-        if cls is _CLEARED:
-            append(KvEvent(ALL_BLOCKS_CLEARED, unknown=_NOTHING))
-            continue
-        hashes = [v - _TWO_64 if v > _MAX_INT64 else v for v in e.block_hashes]
-        if cls is _STORED:
-            p = e.parent_block_hash
-            extra = _NOTHING
-            if e.session_id is not None or e.cache_salt is not None or e.locality is not None \
-                    or e.ownership is not None or e.extra_keys is not None:  # fmt: skip
-                extra = {k: getattr(e, k) for k in EXTRA_FIELDS if getattr(e, k) is not None}
-                if extra.get("extra_keys") is not None and not any(extra["extra_keys"]):
-                    del extra["extra_keys"]  # [None, None, ...]: nothing to keep
-            append(
-                KvEvent(BLOCK_STORED, hashes,
-                        p if p is None or p <= _MAX_INT64 else p - _TWO_64,
-                        e.block_size, e.medium, e.group_idx, e.lora_name, e.kv_cache_spec_kind,
-                        _NOTHING, extra)
-            )  # fmt: skip
-        else:
-            extra = _NOTHING
-            if e.locality is not None or e.ownership is not None:
-                extra = {k: getattr(e, k) for k in ("locality", "ownership")
-                         if getattr(e, k) is not None}  # fmt: skip
-            append(KvEvent(BLOCK_REMOVED, hashes, None, None, e.medium, e.group_idx, None, None,
-                           _NOTHING, extra))  # fmt: skip
-    return EventBatch(ts, events, dp_rank)
+    return EventBatch(ts, events, dp_rank, True)
 
 
-def decode_payload(payload: bytes) -> EventBatch:
-    """A batch from its msgpack bytes; raises KvscopeError for anything malformed."""
+def decode_batch(payload: bytes) -> EventBatch:
+    """A batch from its msgpack bytes, as the watch records it: the usual batch as
+    typed structs (``known``), anything else as ``KvEvent``; raises KvscopeError for
+    anything malformed."""
     fast = _fast_batch(payload)
     if fast is not None:
         return fast
@@ -269,6 +313,15 @@ def decode_payload(payload: bytes) -> EventBatch:
         raise KvscopeError("batch is not [float, list, ...]")
     dp_rank = outer[2] if len(outer) == 3 else None
     return EventBatch(float(ts), [decode_event(e) for e in events], dp_rank)
+
+
+def decode_payload(payload: bytes) -> EventBatch:
+    """``decode_batch``, its events always ``KvEvent``."""
+    batch = decode_batch(payload)
+    if batch.known:
+        batch.events = [as_kv_event(e) for e in batch.events]
+        batch.known = False
+    return batch
 
 
 @dataclass(slots=True)
