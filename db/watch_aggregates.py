@@ -44,6 +44,7 @@ engine kind holds it (a routing miss: a KV-aware router would have hit it).
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import math
 import sqlite3
@@ -73,6 +74,7 @@ MAX_TREE_NODES = 2_000_000
 PREFIX_REFRESH_S = 2.0  # the ranking of shared prefixes is refreshed at most this often
 # Histograms: four bins per octave of milliseconds; bin 0 is under 1 ms.
 HISTOGRAMS = ("lifetime", "idle_before_evict", "reuse_gap", "restore_gap")
+SPAN_HISTOGRAMS = ("lifetime", "idle_before_evict")  # what _Source.spans adds to
 BINS_PER_OCTAVE = 4
 NO_MEDIUM = ""
 NO_GROUP = 0  # an engine that names no group has one: vLLM numbers it 0
@@ -185,7 +187,7 @@ class _Source:
     """One source's cache as the stream tells it."""
 
     __slots__ = ("bit", "engine", "tree", "shelves", "on_source", "evicted", "forgotten",
-                 "counts", "hist")  # fmt: skip
+                 "counts", "hist", "spans")  # fmt: skip
 
     def __init__(self, index: int, engine: str, tree: _Tree) -> None:
         self.bit = 1 << index
@@ -203,6 +205,10 @@ class _Source:
         self.counts[_LIFE_SUM] = 0.0
         # durations (ns) per histogram since the last persist, binned then (numpy)
         self.hist: dict[str, list[int]] = {name: [] for name in HISTOGRAMS}
+        # (removed at, [stored at, ...]) of the usual removal event since the last
+        # persist: its blocks' lifetimes, which are also their idle times before
+        # eviction (none was re-announced), subtracted and binned at persist in numpy
+        self.spans: list[tuple[int, list[int]]] = []
 
     def shelf(self, medium: str, group: int) -> _Shelf:
         key = (medium, group)
@@ -401,6 +407,14 @@ class FleetState:
             cached = self._note_entries(src, source, medium, rel)
         _, s1, s2, s3, f1, f2, f3 = cached
         stored, removed, recomputed, routing, new, both = run
+        # The source's totals move with its runs' (added here, not per event).
+        counts = src.counts
+        counts[_STORED] += stored
+        counts[_REMOVED] += removed
+        counts[_NEW] += new
+        counts[_RECOMPUTED] += recomputed
+        counts[_ROUTING] += routing
+        counts[_BOTH] += both
         live = src.held_blocks(medium)
         for s in (s1, s2, s3):
             s[0] += stored
@@ -444,7 +458,6 @@ class FleetState:
             shelf = src.shelf(m, g)
         born = shelf.born
         n = len(hashes)
-        counts = src.counts
         tree, bit = src.tree, src.bit
         if n == 1 and src.on_source is None and hashes[0] not in born:
             # One new block (decode-like streams): the same as below, without a call in C
@@ -452,23 +465,18 @@ class FleetState:
             block = hashes[0]
             born[block] = ts_ns
             shelf.copies += 1
-            counts[_STORED] += 1
-            counts[_NEW] += 1
             run[0] += 1
             run[4] += 1
             evicted = src.evicted
             removed_at = evicted.pop(block, None) if evicted else None
             if removed_at is not None:
-                counts[_RECOMPUTED] += 1
                 run[2] += 1
                 src.hist["restore_gap"].append(ts_ns - removed_at)
             held = tree.held
             mask = held.get(block, 0) & ~bit
             if mask:
-                counts[_ROUTING] += 1  # another source of this engine kind holds it
-                run[3] += 1
+                run[3] += 1  # another source of this engine kind holds it
                 if removed_at is not None:
-                    counts[_BOTH] += 1
                     run[5] += 1
                 tree.extra += 1
                 if mask & (mask - 1) == 0:
@@ -512,7 +520,7 @@ class FleetState:
                 evicted = src.evicted
                 back = None
                 recomputed = routing = both = 0
-                if evicted:
+                if evicted and not evicted.keys().isdisjoint(hashes):
                     back = evicted.keys() & hashes
                     if back:
                         restore = src.hist["restore_gap"]
@@ -535,11 +543,6 @@ class FleetState:
                         held[h] = mask | bit
                     if tree.extra > tree.peak:
                         tree.peak = tree.extra
-                counts[_STORED] += n
-                counts[_NEW] += n
-                counts[_RECOMPUTED] += recomputed
-                counts[_ROUTING] += routing
-                counts[_BOTH] += both
                 run[0] += n
                 run[2] += recomputed
                 run[3] += routing
@@ -599,12 +602,7 @@ class FleetState:
         if tree.extra > tree.peak:
             tree.peak = tree.extra
         shelf.copies += copies
-        counts[_STORED] += len(hashes)
         counts[_REANNOUNCED] += reannounced
-        counts[_NEW] += new
-        counts[_RECOMPUTED] += recomputed
-        counts[_ROUTING] += routing
-        counts[_BOTH] += both
         run[0] += len(hashes)
         run[2] += recomputed
         run[3] += routing
@@ -634,7 +632,10 @@ class FleetState:
             if depth + n > tree.max_depth:
                 tree.max_depth = depth + n
             nodes.update(zip(hashes, repeat(_Chain(parent, depth, hashes, bit))))
-            self._above(tree, parent, n)
+            if above is None:  # a root: nothing above to count it in
+                self._prefixes_dirty = True
+            else:
+                self._above(tree, parent, n)
             return
         chain = []
         created = 0
@@ -698,7 +699,6 @@ class FleetState:
         n = len(hashes)
         run[1] += n
         counts = src.counts
-        counts[_REMOVED] += n  # a block event per hash, known or not
         if n == 1 and src.on_source is None:
             # One block held once (decode-like streams): as below, without the calls.
             block = hashes[0]
@@ -737,25 +737,23 @@ class FleetState:
                     if mask & (mask - 1) == 0:
                         tree.duplicated -= 1
                 return tree.extra
-        # The usual event: one copy of each, held on a one-shelf source: in C.
-        if (
-            src.on_source is None
-            and all(map(born.__contains__, hashes))
-            and (not shelf.more or shelf.more.keys().isdisjoint(hashes))
-        ):
+        # The usual event: one copy of each, held on a one-shelf source: in C. Popped
+        # without a look first: a hash not held (or twice in the event) pops None, and
+        # what was popped is put back for the block-by-block path.
+        if src.on_source is None and (not shelf.more or shelf.more.keys().isdisjoint(hashes)):
             births = list(map(born.pop, hashes, repeat(None)))
             if None not in births:
                 shelf.copies -= n
-                lives = list(map(sub, repeat(ts_ns, n), births))
-                hist = src.hist
-                hist["lifetime"] += lives
                 last = shelf.last
                 if last and not last.keys().isdisjoint(hashes):
+                    hist = src.hist
+                    hist["lifetime"] += map(sub, repeat(ts_ns, n), births)
                     hist["idle_before_evict"] += [
                         ts_ns - last.pop(h, b) for h, b in zip(hashes, births, strict=True)
                     ]
                 else:
-                    hist["idle_before_evict"] += lives
+                    # lifetime = idle before evict = ts_ns - birth, binned at persist
+                    src.spans.append((ts_ns, births))
                 counts[_LIFE_COUNT] += n
                 counts[_LIFE_SUM] += (n * ts_ns - sum(births)) / 1e9
                 src.evicted.update(zip(hashes, repeat(ts_ns)))
@@ -775,7 +773,7 @@ class FleetState:
                             if mask & (mask - 1) == 0:
                                 tree.duplicated -= 1
                 return tree.extra
-            # a hash twice in the event: put back, and taken block by block
+            # a hash not held, or twice in the event: put back, and taken block by block
             born.update((h, b) for h, b in zip(hashes, births, strict=True) if b is not None)
         self._remove_blocks(src, shelf, ts_ns, hashes)
         return src.tree.extra
@@ -951,8 +949,15 @@ class FleetState:
             self._fleet_series = {}
         rows = []
         for i, s in self.sources.items():
+            spans = _span_durations(s.spans) if s.spans else None
+            s.spans = []
             for name, durations in s.hist.items():
-                if durations:
+                if spans is not None and name in SPAN_HISTOGRAMS:
+                    rows += _binned(
+                        i, name, np.concatenate((np.asarray(durations, np.int64), spans))
+                    )
+                    durations.clear()
+                elif durations:
                     rows += _binned(i, name, durations)
                     durations.clear()
         if rows:
@@ -1068,7 +1073,17 @@ def _prune(tree: _Tree, count: int) -> None:
         deque(map(nodes.__delitem__, chain.hashes), 0)
 
 
-def _binned(source: int, name: str, durations_ns: list[int]) -> list[tuple]:
+def _span_durations(spans: list[tuple[int, list[int]]]) -> np.ndarray:
+    """The durations (ns) of ``_Source.spans``: each removal time less its blocks' births."""
+    lengths = np.fromiter(map(len, (b for _, b in spans)), np.int64, len(spans))
+    births = np.fromiter(
+        itertools.chain.from_iterable(b for _, b in spans), np.int64, int(lengths.sum())
+    )
+    removed = np.repeat(np.fromiter((t for t, _ in spans), np.int64, len(spans)), lengths)
+    return removed - births
+
+
+def _binned(source: int, name: str, durations_ns: list[int] | np.ndarray) -> list[tuple]:
     """(source, name, bin, count) rows of durations, binned as ``bin_of`` does."""
     ms = np.asarray(durations_ns, dtype=np.float64) / 1e6
     with np.errstate(divide="ignore"):
