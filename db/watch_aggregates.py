@@ -344,18 +344,20 @@ class FleetState:
             hash_lists = [None] * len(rows)
         # The series and fleet figures are noted once per run of rows of one source,
         # timestamp and medium (a batch's events, mostly), not once per event: sums
-        # over the run, the values at its end, the fleet's peak within it.
+        # over the run, the values at its end. The fleet's peak is the highest of those
+        # ends: the events of one engine step are published at once, and the order
+        # they come in within it is no moment the fleet was in (so the recorder may
+        # share one row among a batch's removals).
         run_src = run_source = run_ts = run_m = None
         run = [0, 0, 0, 0, 0, 0]  # stored, removed, recomputed, routing, new, both
-        peak = -1
         for row, hashes in zip(rows, hash_lists, strict=True):
             source, _seq, ts_ns, op, text, parent, medium, group, _n = row
             m = NO_MEDIUM if medium is None else medium
-            if source != run_source or ts_ns != run_ts or m != run_m:
+            opened = source != run_source or ts_ns != run_ts or m != run_m
+            if opened:
                 if run_src is not None:
-                    note(run_src, run_source, run_m, run_ts, run, peak)
+                    note(run_src, run_source, run_m, run_ts, run)
                     run = [0, 0, 0, 0, 0, 0]
-                    peak = -1
                 run_src = sources.get(source)
                 if run_src is None:
                     run_src = self._source(source)
@@ -364,40 +366,28 @@ class FleetState:
                 hashes = json.loads(text)
             if op == OP_STORED:
                 if hashes:
-                    extra = store(run_src, ts_ns, hashes, parent, m,
-                                  NO_GROUP if group is None else group, run)  # fmt: skip
-                else:
-                    extra = run_src.tree.extra
+                    store(run_src, ts_ns, hashes, parent, m, NO_GROUP if group is None else group,
+                          run)  # fmt: skip
             elif op == OP_REMOVED:
                 if hashes:
-                    extra = remove(run_src, ts_ns, hashes, m, NO_GROUP if group is None else group,
-                                   run)  # fmt: skip
-                else:
-                    extra = run_src.tree.extra
+                    remove(run_src, ts_ns, hashes, m, NO_GROUP if group is None else group, run)
             elif op in (OP_CLEARED, OP_RESET):
-                if run[0] or run[1] or peak >= 0:
-                    note(run_src, run_source, run_m, run_ts, run, peak)
+                if not opened:  # the rows before it in its run
+                    note(run_src, run_source, run_m, run_ts, run)
                     run = [0, 0, 0, 0, 0, 0]
                 self._clear(run_src, source, ts_ns, op)
-                peak = -1
                 run_src = run_source = None  # the clear noted itself
-                continue
-            else:
-                extra = run_src.tree.extra
-            if extra > peak:
-                peak = extra
         if run_src is not None:
-            note(run_src, run_source, run_m, run_ts, run, peak)
+            note(run_src, run_source, run_m, run_ts, run)
 
-    def _note(self, src: _Source, source: int, medium: str, ts_ns: int, run: list[int],
-              peak: int) -> None:  # fmt: skip
+    def _note(self, src: _Source, source: int, medium: str, ts_ns: int, run: list[int]) -> None:
         """A run's figures into the series of each bucket width: ``run`` (stored,
-        removed, recomputed, routing, new, both) added, live blocks and the fleet's duplication
-        as they are now, the fleet's peak within the run."""
+        removed, recomputed, routing, new, both) added, live blocks and the fleet's
+        duplication as they are now (the peak: the highest of these)."""
         tree = src.tree
         dup, extra = tree.duplicated, tree.extra
-        if peak < extra:
-            peak = extra
+        if extra > tree.peak:
+            tree.peak = extra
         rel = ts_ns - self.origin_ns
         # Consecutive runs of a source mostly fall in the same second, hence in the
         # same bucket of every (wider, multiple) width: their entries are kept at hand
@@ -427,8 +417,8 @@ class FleetState:
         for f in (f1, f2, f3):
             f[0] = dup
             f[1] = extra
-            if peak > f[2]:
-                f[2] = peak
+            if extra > f[2]:
+                f[2] = extra
 
     def _note_entries(self, src: _Source, source: int, medium: str, rel: int) -> tuple:
         """(1 s bucket, the series entries, the fleet entries) of ``rel`` in each width, made
@@ -481,8 +471,6 @@ class FleetState:
                 tree.extra += 1
                 if mask & (mask - 1) == 0:
                     tree.duplicated += 1
-                if tree.extra > tree.peak:
-                    tree.peak = tree.extra
             held[block] = mask | bit
             nodes = tree.nodes
             node = nodes.get(block)
@@ -541,8 +529,6 @@ class FleetState:
                             if mask & (mask - 1) == 0:
                                 tree.duplicated += 1
                         held[h] = mask | bit
-                    if tree.extra > tree.peak:
-                        tree.peak = tree.extra
                 run[0] += n
                 run[2] += recomputed
                 run[3] += routing
@@ -599,8 +585,6 @@ class FleetState:
                 if mask & (mask - 1) == 0:
                     tree.duplicated += 1
             held[block] = mask | bit
-        if tree.extra > tree.peak:
-            tree.peak = tree.extra
         shelf.copies += copies
         counts[_REANNOUNCED] += reannounced
         run[0] += len(hashes)
@@ -889,7 +873,7 @@ class FleetState:
             src.on_source.clear()
         src.evicted.clear()  # a reset is not a capacity miss: what follows is a fresh cache
         for m in {m for m, _ in src.shelves}:
-            self._note(src, source, m, ts_ns, [0, 0, 0, 0, 0, 0], -1)
+            self._note(src, source, m, ts_ns, [0, 0, 0, 0, 0, 0])
 
     # --- what the views read -------------------------------------------------------------
 

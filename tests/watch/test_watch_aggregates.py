@@ -555,8 +555,14 @@ def test_a_removal_of_many_hashes_folds_as_that_many_removals(tmp_path: Path, fl
     dumps = []
     for name, variant in (("whole", rows), ("split", _split_removals(rows))):
         db, writer, run_id = _run(tmp_path / f"{name}.db", sources=4)
-        for start in range(0, len(variant), 500):
-            writer.write(WatchBatch(blocks=variant[start : start + 500]))
+        # Transactions of whole batches (one timestamp), as the recorder writes them.
+        chunk: list[tuple] = []
+        for i, row in enumerate(variant):
+            chunk.append(row)
+            if len(chunk) >= 500 and (i + 1 == len(variant) or variant[i + 1][2] != row[2]):
+                writer.write(WatchBatch(blocks=chunk))
+                chunk = []
+        writer.write(WatchBatch(blocks=chunk))
         writer.finish("complete", 0)
         # lifetime_sum_s is a float sum: its last digits depend on the order of adding
         dumps.append({
