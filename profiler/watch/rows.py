@@ -5,16 +5,17 @@ them, so block i's parent is block i-1 and the first one's is the event's
 ``parent_block_hash``. Token ids are not kept: a block's identity is its hash,
 its size is the source's block size.
 
-Consecutive BlockRemoved events of a batch of one medium and group_idx, with no
-field beyond those, share a row (their hashes in order, ``blocks`` their count):
-vLLM removes a block an event, and a row costs the writer an insert and a fold
-call. The fold counts a removal per hash (a hash twice is two copies removed), so
-its aggregates are those of a row per event (tests/watch/test_watch_rows.py) but
-for one figure taken after each row, the fleet's peak extra copies: a removal only
-lowers it, so a run of removals shares a row only after a row of the batch of its
-medium (noted in the same bucket, at least as high); the removal that opens the
-fold's run (the batch's first row of its medium, or the first after a clear) keeps
-a row of its own.
+A batch's BlockRemoved events of one medium and group_idx, with no field beyond
+those, share a row (their hashes in order, ``blocks`` their count): vLLM removes
+a block an event, interleaved with the stores of the same step, and a row costs
+the writer an insert and a fold call. The shared row goes where the run of
+removals ends: before the first event that is not a plain BlockStored of the
+same shelf and other hashes (a clear, another medium or group, a store of one of
+its hashes), or at the end of the batch. So a hash's own events keep their
+order; the fold counts a removal per hash (a hash twice is two copies removed)
+and notes its figures (the fleet's peak extra copies too) once per run of rows
+of a batch, which is why its aggregates are those of a row per event
+(tests/watch/test_watch_rows.py).
 """
 
 from __future__ import annotations
@@ -99,10 +100,6 @@ class SourceAttrs:
         )
 
 
-# "No row of this batch yet" (or a clear last): a removal then opens the fold's run.
-_OPENS = object()
-
-
 def _repr_json(hashes: list) -> str:
     """The general path's hashes as JSON text: a list's repr but for the spaces (its
     values may be other than 64-bit ints, and are stored as they came)."""
@@ -134,8 +131,8 @@ def batch_rows(
     keep = hash_lists.append
     block_events = 0
     run: list[int] | None = None  # plain removals sharing a row, not yet added
+    run_set: set = set()  # their hashes
     run_medium = run_group = None
-    last: Any = _OPENS  # the medium of the batch's last row
     for event in batch.events:
         kind = event.type
         if kind == BLOCK_REMOVED and not event.unknown and not event.extra:
@@ -143,22 +140,18 @@ def batch_rows(
             if run is not None:
                 if medium == run_medium and group == run_group:
                     run += hashes
+                    run_set.update(hashes)
                     continue
                 add((source, seq, ts_ns, OP_REMOVED, _repr_json(run), None, run_medium,
                      run_group, len(run)))  # fmt: skip
                 keep(run)
                 block_events += len(run)
-                last, run = run_medium, None
-            if medium == last:
-                run, run_medium, run_group = list(hashes), medium, group  # the event's own stays
-            else:
-                add((source, seq, ts_ns, OP_REMOVED, _repr_json(hashes), None, medium, group,
-                     len(hashes)))  # fmt: skip
-                keep(hashes)
-                block_events += len(hashes)
-                last = medium
+            run, run_set, run_medium, run_group = list(hashes), set(hashes), medium, group
             continue
-        if run is not None:
+        if run is not None and (
+            kind != BLOCK_STORED or event.unknown or event.medium != run_medium
+            or event.group_idx != run_group or not run_set.isdisjoint(event.block_hashes)
+        ):  # fmt: skip
             add((source, seq, ts_ns, OP_REMOVED, _repr_json(run), None, run_medium, run_group,
                  len(run)))  # fmt: skip
             keep(run)
@@ -169,7 +162,7 @@ def batch_rows(
             raw.append((source, seq, ts_ns, kind, payload))
         if kind == BLOCK_STORED:
             hashes = event.block_hashes
-            medium = last = event.medium
+            medium = event.medium
             add((source, seq, ts_ns, OP_STORED, _repr_json(hashes), event.parent_block_hash,
                  medium, event.group_idx, len(hashes)))  # fmt: skip
             keep(hashes)
@@ -188,8 +181,7 @@ def batch_rows(
                 attrs.lora_names.add(event.lora_name)
         elif kind == BLOCK_REMOVED:  # with unknown or extra fields: a row of its own
             hashes = event.block_hashes
-            last = event.medium
-            add((source, seq, ts_ns, OP_REMOVED, _repr_json(hashes), None, last,
+            add((source, seq, ts_ns, OP_REMOVED, _repr_json(hashes), None, event.medium,
                  event.group_idx, len(hashes)))  # fmt: skip
             if event.extra:
                 attrs.note(event.extra)
@@ -198,7 +190,6 @@ def batch_rows(
         elif kind == ALL_BLOCKS_CLEARED:
             add((source, seq, ts_ns, OP_CLEARED, None, None, None, None, 0))
             keep(None)
-            last = _OPENS
     if run is not None:
         add((source, seq, ts_ns, OP_REMOVED, _repr_json(run), None, run_medium, run_group,
              len(run)))  # fmt: skip
@@ -227,8 +218,8 @@ def _known_rows(
     media, spec_kinds, groups = attrs.media, attrs.spec_kinds, attrs.groups
     block_events = 0
     run: list[int] | None = None  # plain removals' signed hashes sharing a row, not yet added
+    run_set: set = set()  # their hashes
     run_medium = run_group = None
-    last: Any = _OPENS  # the medium of the batch's last row
     for e in events:
         cls = type(e)
         if cls is RemovedEvent and e.locality is None and e.ownership is None:
@@ -237,34 +228,29 @@ def _known_rows(
             if run is not None:
                 if medium == run_medium and group == run_group:
                     run += hashes
+                    run_set.update(hashes)
                     continue
                 add((source, seq, ts_ns, OP_REMOVED, encode(run).decode(), None, run_medium,
                      run_group, len(run)))  # fmt: skip
                 keep(run)
                 block_events += len(run)
-                last, run = run_medium, None
-            if medium == last:
-                run, run_medium, run_group = hashes, medium, group
-            else:
-                add((source, seq, ts_ns, OP_REMOVED, encode(hashes).decode(), None, medium,
-                     group, len(hashes)))  # fmt: skip
-                keep(hashes)
-                block_events += len(hashes)
-                last = medium
+            run, run_set, run_medium, run_group = hashes, set(hashes), medium, group
             continue
-        if run is not None:
-            add((source, seq, ts_ns, OP_REMOVED, encode(run).decode(), None, run_medium,
-                 run_group, len(run)))  # fmt: skip
-            keep(run)
-            block_events += len(run)
-            run = None
         if cls is StoredEvent:
             hashes = [v - _TWO_64 if v > _MAX_INT64 else v for v in e.block_hashes]
             p = e.parent_block_hash
             if p is not None and p > _MAX_INT64:
                 p -= _TWO_64
             medium, group = e.medium, e.group_idx
-            last = medium
+            if run is not None and (
+                medium != run_medium or group != run_group or not run_set.isdisjoint(hashes)
+            ):
+                # the removals go before a store of theirs (or of another shelf): in order
+                add((source, seq, ts_ns, OP_REMOVED, encode(run).decode(), None, run_medium,
+                     run_group, len(run)))  # fmt: skip
+                keep(run)
+                block_events += len(run)
+                run = None
             add((source, seq, ts_ns, OP_STORED, encode(hashes).decode(), p, medium, group,
                  len(hashes)))  # fmt: skip
             keep(hashes)
@@ -286,17 +272,27 @@ def _known_rows(
             if e.lora_name is not None:
                 attrs.lora_names.add(e.lora_name)
         elif cls is RemovedEvent:  # with locality or ownership: a row of its own
+            if run is not None:
+                add((source, seq, ts_ns, OP_REMOVED, encode(run).decode(), None, run_medium,
+                     run_group, len(run)))  # fmt: skip
+                keep(run)
+                block_events += len(run)
+                run = None
             hashes = [v - _TWO_64 if v > _MAX_INT64 else v for v in e.block_hashes]
-            last = e.medium
-            add((source, seq, ts_ns, OP_REMOVED, encode(hashes).decode(), None, last,
+            add((source, seq, ts_ns, OP_REMOVED, encode(hashes).decode(), None, e.medium,
                  e.group_idx, len(hashes)))  # fmt: skip
             attrs.note(removed_extra(e))
             keep(hashes)
             block_events += len(hashes)
         else:
+            if run is not None:
+                add((source, seq, ts_ns, OP_REMOVED, encode(run).decode(), None, run_medium,
+                     run_group, len(run)))  # fmt: skip
+                keep(run)
+                block_events += len(run)
+                run = None
             add((source, seq, ts_ns, OP_CLEARED, None, None, None, None, 0))
             keep(None)
-            last = _OPENS
     if run is not None:
         add((source, seq, ts_ns, OP_REMOVED, encode(run).decode(), None, run_medium, run_group,
              len(run)))  # fmt: skip

@@ -120,10 +120,10 @@ def _stored(hashes: list[int], medium: str = "GPU") -> dict[str, Any]:
 def test_runs_of_plain_removals_share_a_row() -> None:
     big = 2**64 - 2
     events = [
-        _removed([9]),  # opens the fold's run (see batch_rows): a row of its own
-        _removed([10]),  # follows a row of its medium: may share one
+        _removed([9]),
+        _removed([10]),  # the same shelf: one row
         _removed([11]),
-        _stored([1, 2]),
+        _stored([1, 2]),  # none of the removals' hashes: they may go after it
         _removed([1]),
         _removed([2, big]),
         _removed([2]),  # a second copy of 2: kept twice, the fold removes two
@@ -133,18 +133,18 @@ def test_runs_of_plain_removals_share_a_row() -> None:
         _removed([6], "CPU", group_idx=1),  # another group
         _stored([7]),
         _removed([7]),
-        {"type": "AllBlocksCleared"},
-        _removed([8]),  # after a clear: opens the fold's run again
+        {"type": "AllBlocksCleared"},  # the removals before it stay before it
+        _removed([8]),
         _removed([12]),
+        _removed([13]),
+        _stored([13]),  # stored again: the removals of 13 go before it
     ]
     for batch in _both_paths(events):
         blocks, _, hash_lists, attrs = _rows(batch)
         got = [(row[3], row[4], row[6], row[7], row[8]) for row in blocks]
         assert got == [
-            (OP_REMOVED, "[9]", "GPU", None, 1),
-            (OP_REMOVED, "[10,11]", "GPU", None, 2),
             (OP_STORED, "[1,2]", "GPU", None, 2),
-            (OP_REMOVED, f"[1,2,{big - 2**64},2]", "GPU", None, 4),
+            (OP_REMOVED, f"[9,10,11,1,2,{big - 2**64},2]", "GPU", None, 7),
             (OP_REMOVED, "[3]", "CPU", None, 1),
             (OP_REMOVED, "[4]", "CPU", None, 1),
             (OP_REMOVED, "[5]", "CPU", None, 1),
@@ -152,11 +152,11 @@ def test_runs_of_plain_removals_share_a_row() -> None:
             (OP_STORED, "[7]", "GPU", None, 1),
             (OP_REMOVED, "[7]", "GPU", None, 1),
             (3, None, None, None, 0),
-            (OP_REMOVED, "[8]", "GPU", None, 1),
-            (OP_REMOVED, "[12]", "GPU", None, 1),
+            (OP_REMOVED, "[8,12,13]", "GPU", None, 3),
+            (OP_STORED, "[13]", "GPU", None, 1),
         ]
-        assert hash_lists[3] == [1, 2, big - 2**64, 2] and hash_lists[10] is None
-        assert attrs.block_events == sum(row[8] for row in blocks) == 17 and attrs.localities == {
+        assert hash_lists[1] == [9, 10, 11, 1, 2, big - 2**64, 2] and hash_lists[8] is None
+        assert attrs.block_events == sum(row[8] for row in blocks) == 19 and attrs.localities == {
             "local"
         }
     # The general path's KvEvents are left as decoded (the run is a copy).
@@ -221,17 +221,24 @@ def _fold(path: Path, rows: list[tuple], hash_lists: list, sources: int = 3) -> 
     writer = WatchWriter(db, run_id)
     registered = [(i, "events", "vllm", f"tcp://h:{i}", None, "", 0, 0) for i in range(sources)]
     writer.write(WatchBatch(sources=registered))
-    half = len(rows) // 2  # two transactions: the state carries over
+    # Two transactions (the state carries over), split between timestamps as the
+    # recorder's are between batches: the fold notes its figures once a run of rows.
+    half = next(i for i in range(len(rows) // 2, len(rows)) if rows[i][2] != rows[i - 1][2])
     writer.write(WatchBatch(blocks=rows[:half], hash_lists=hash_lists[:half]))
     writer.write(WatchBatch(blocks=rows[half:], hash_lists=hash_lists[half:]))
     writer.finish("complete", 0)
     db.conn.close()
     conn = sqlite3.connect(path)
     tables = {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall()) for t in AGGREGATES}
-    tables["blocks"] = conn.execute(
+    # What each hash went through in each batch, in order: a batch's removals may share a
+    # row after its stores of other hashes, never move past an event of their own hash.
+    ops: dict[tuple, list[int]] = {}
+    for source, ts_ns, op, h in conn.execute(
         "SELECT source, ts_ns, op, value FROM watch_blocks, json_each(block_hashes) "
         "ORDER BY watch_blocks.rowid, json_each.key"
-    ).fetchall()
+    ):
+        ops.setdefault((source, ts_ns, h), []).append(op)
+    tables["blocks"] = sorted(ops.items())
     conn.close()
     return tables
 
