@@ -150,7 +150,8 @@ def batch_rows(
             continue
         if run is not None and (
             kind != BLOCK_STORED or event.unknown or event.medium != run_medium
-            or event.group_idx != run_group or not run_set.isdisjoint(event.block_hashes)
+            or (event.group_idx or 0) != (run_group or 0)  # the fold's shelf: None is 0
+            or not run_set.isdisjoint(event.block_hashes)
         ):  # fmt: skip
             add((source, seq, ts_ns, OP_REMOVED, _repr_json(run), None, run_medium, run_group,
                  len(run)))  # fmt: skip
@@ -243,7 +244,9 @@ def _known_rows(
                 p -= _TWO_64
             medium, group = e.medium, e.group_idx
             if run is not None and (
-                medium != run_medium or group != run_group or not run_set.isdisjoint(hashes)
+                medium != run_medium
+                or (group or 0) != (run_group or 0)  # the fold's shelf: no group is group 0
+                or not run_set.isdisjoint(hashes)
             ):
                 # the removals go before a store of theirs (or of another shelf): in order
                 add((source, seq, ts_ns, OP_REMOVED, encode(run).decode(), None, run_medium,

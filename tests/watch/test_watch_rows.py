@@ -260,3 +260,19 @@ def test_merged_removals_fold_as_a_row_per_event(tmp_path: Path) -> None:
         assert a["watch_source_stats"] and a["watch_histograms"] and a["watch_live"]
         for table in a:
             assert a[table] == b[table], (seed, table)
+
+
+def test_no_group_and_group_0_are_one_shelf_to_share_a_row() -> None:
+    """vLLM's BlockStored names group 0 where its BlockRemoved may name none: the fold
+    keeps both on group 0's shelf, so the removals share a row across the store."""
+    events = [_removed([1]), _stored([2]) | {"group_idx": 0}, _removed([3])]
+    for batch in _both_paths(events):
+        blocks, _, _, _ = _rows(batch)
+        assert [(row[3], row[4], row[7]) for row in blocks] == [
+            (OP_STORED, "[2]", 0),
+            (OP_REMOVED, "[1,3]", None),
+        ]
+    events[1]["group_idx"] = 1  # another group: the removal before it stays before it
+    for batch in _both_paths(events):
+        blocks, _, _, _ = _rows(batch)
+        assert [row[4] for row in blocks] == ["[1]", "[2]", "[3]"]
