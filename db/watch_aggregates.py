@@ -497,10 +497,33 @@ class FleetState:
             if above is not None:
                 self._above(tree, parent, 1)
             return tree.extra
+        # New content (a prompt's prefill): blocks the prefix tree has never seen, so
+        # neither this shelf nor any source holds one (held ⊆ nodes, born ⊆ held; the
+        # tree forgets only blocks held nowhere): one look in the tree, none there.
+        if src.on_source is None and tree.nodes.keys().isdisjoint(hashes):
+            before = len(born)
+            born.update(zip(hashes, repeat(ts_ns)))
+            if len(born) - before == n:
+                shelf.copies += n
+                recomputed = 0
+                evicted = src.evicted
+                if evicted and not evicted.keys().isdisjoint(hashes):  # removed, then pruned
+                    restore = src.hist["restore_gap"]
+                    for h in evicted.keys() & hashes:
+                        restore.append(ts_ns - evicted.pop(h))
+                        recomputed += 1
+                tree.held.update(zip(hashes, repeat(bit)))
+                run[0] += n
+                run[2] += recomputed
+                run[4] += n
+                self._new_chain(tree, hashes, parent, bit)
+                return tree.extra
+            for h in hashes:  # a hash twice in the event: undone, and taken block by block
+                born.pop(h, None)
         # The usual event: blocks no shelf of a one-shelf source holds, none twice in
         # the event. Its cache, evicted memory and holders are updated in C, a call
         # per event rather than a few per block.
-        if src.on_source is None and (not born or born.keys().isdisjoint(hashes)):
+        elif src.on_source is None and (not born or born.keys().isdisjoint(hashes)):
             before = len(born)
             born.update(zip(hashes, repeat(ts_ns)))
             if len(born) - before == n:
@@ -600,26 +623,7 @@ class FleetState:
         nodes = tree.nodes
         n = len(hashes)
         if nodes.keys().isdisjoint(hashes) and (distinct or len(set(hashes)) == n):
-            # A chain of new blocks, made in C: block i's parent is block i-1, it has
-            # one child (the last none) and n - i blocks under it.
-            above = nodes.get(parent) if parent is not None else None
-            if above.__class__ is _Chain:
-                above = _unchain(nodes, above, parent)
-            if above is not None:
-                depth = above[1]
-                above[2] += 1
-                if above[2] == 2:
-                    tree.branch_points.add(parent)
-            else:
-                depth = 0
-                tree.roots += 1
-            if depth + n > tree.max_depth:
-                tree.max_depth = depth + n
-            nodes.update(zip(hashes, repeat(_Chain(parent, depth, hashes, bit))))
-            if above is None:  # a root: nothing above to count it in
-                self._prefixes_dirty = True
-            else:
-                self._above(tree, parent, n)
+            self._new_chain(tree, hashes, parent, bit)
             return
         chain = []
         created = 0
@@ -657,6 +661,31 @@ class FleetState:
             node[3] += added + fresh
             added += fresh
         self._above(tree, chain[0][0], added)
+
+    def _new_chain(self, tree: _Tree, hashes: list[int], parent: int | None, bit: int) -> None:
+        """``hashes``, none in the tree and none twice, as a chain of new blocks, made in
+        C: block i's parent is block i-1, it has one child (the last none) and n - i
+        blocks under it."""
+        nodes = tree.nodes
+        n = len(hashes)
+        above = nodes.get(parent) if parent is not None else None
+        if above.__class__ is _Chain:
+            above = _unchain(nodes, above, parent)
+        if above is not None:
+            depth = above[1]
+            above[2] += 1
+            if above[2] == 2:
+                tree.branch_points.add(parent)
+        else:
+            depth = 0
+            tree.roots += 1
+        if depth + n > tree.max_depth:
+            tree.max_depth = depth + n
+        nodes.update(zip(hashes, repeat(_Chain(parent, depth, hashes, bit))))
+        if above is None:  # a root: nothing above to count it in
+            self._prefixes_dirty = True
+        else:
+            self._above(tree, parent, n)
 
     def _above(self, tree: _Tree, up: int | None, added: int) -> None:
         """``added`` blocks more under ``up`` and each of its ancestors."""
