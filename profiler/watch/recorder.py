@@ -39,6 +39,7 @@ from profiler.watch.writer_process import WriterProcess
 
 log = logging.getLogger(__name__)
 TRIM_EVERY_S = 60.0
+EAGER_FLUSH = 64  # batches: with a writer process, a chunk goes once this many wait
 
 
 def _resumable(db: Any, config: Mapping[str, Any]) -> tuple[int, float, int] | None:
@@ -168,6 +169,11 @@ class WatchRecorder:
         self._metrics: deque[list[tuple]] = deque()
         self._flush_interval_s = flush_interval_s
         self._flush_at = flush_at
+        # With a writer process, a chunk goes as soon as EAGER_FLUSH batches wait, not
+        # flush_at: the send blocks while the child writes the last one, so chunks grow
+        # to what came meanwhile, and a burst's first and last batches do not wait for
+        # a full chunk (each had left the child idle for one: ~20% of a 1 s burst).
+        self._wake_at = min(EAGER_FLUSH, flush_at) if writer_process else flush_at
         self._max_pending = max_pending
         self._wake = threading.Event()
         self._room = threading.Event()
@@ -270,7 +276,7 @@ class WatchRecorder:
         # Set once: setting a set Event still takes its lock and notifies (a backlog
         # had the subscriber do that for every batch); the writer thread flushes
         # until the queue is below flush_at after it wakes, whatever came meanwhile.
-        if len(self._batches) >= self._flush_at and not self._wake.is_set():
+        if len(self._batches) >= self._wake_at and not self._wake.is_set():
             self._wake.set()
 
     def on_incident(
@@ -351,7 +357,7 @@ class WatchRecorder:
             self.flush()
             # A backlog is written a chunk at a time: a writer process writes one while
             # the next is made (and the queue's depth shows what waits).
-            while len(self._batches) >= self._flush_at and not self._stop.is_set():
+            while len(self._batches) >= self._wake_at and not self._stop.is_set():
                 self.flush()
 
     def _take(self, queue: deque) -> list:
