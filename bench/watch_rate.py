@@ -21,8 +21,9 @@ and recorder threads, the writer process) and the peak RSS.
     .venv/bin/python bench/watch_rate.py [--sources 64] [--batches 200] [--blocks 16] [--stored 3]
         [--writer process|thread] [--stages]
 
-``--stages`` times decoding, rows, inserts and folding apart instead (CPU
-seconds, one thread, no sockets): what each costs, whatever the machine's load;
+``--stages`` times decoding, rows, their handover (marshal), inserts and folding
+apart instead (CPU seconds, one thread, no sockets): what each costs, whatever
+the machine's load;
 and what the fold keeps at the end (removals remembered and forgotten, prefix
 tree nodes), bounded by the fleet-wide budgets however long the session.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import marshal
 import multiprocessing as mp
 import os
 import random
@@ -229,8 +231,11 @@ class _Encoder:
 
 def stages(args: argparse.Namespace) -> None:
     """CPU seconds of each stage of recording, timed apart on the same batches in one
-    thread with no sockets: decoding, rows, SQLite inserts, folding into the aggregates
-    (with their writes, a transaction per ``flush_at`` batches as the recorder makes)."""
+    thread with no sockets: decoding and rows a flush (``flush_at`` batches) at a time
+    as the watching process makes them, with its collector settings; their handover
+    (marshal, as to the writer process); SQLite inserts and folding into the
+    aggregates (with their writes, a transaction per flush) with the writer
+    process's collector settings."""
     from db.store import open_db
     from db.watch_schema import BLOCK_COLUMNS
     from db.watch_writer import WatchBatch, WatchWriter, _insert
@@ -241,21 +246,41 @@ def stages(args: argparse.Namespace) -> None:
     rng = random.Random(7)
     per_source = [_payloads(_Encoder(), rng, args) for _ in range(args.sources)]  # type: ignore[arg-type]
     order = [(s, i, per_source[s][i]) for i in range(args.batches) for s in range(args.sources)]
-    gc.set_threshold(10_000, 10, 10)  # as kvscope watch runs
+    gc.set_threshold(500_000, 10, 10)  # as the watching process runs (WatchRecorder)
+    gc.freeze()  # the payloads: sent, in a watch, not held
     clock = time.process_time
-    t = clock()
-    decoded = [(s, i, decode_batch(payload)) for s, i, payload in order]  # as the watch does
-    decode_s = clock() - t
-    attrs = {s: SourceAttrs() for s in range(args.sources)}
-    chunks = []
-    t = clock()
-    for k in range(0, len(decoded), FLUSH_AT):
-        blocks: list[tuple] = []
-        hash_lists: list = []
-        for s, i, batch in decoded[k : k + FLUSH_AT]:
-            batch_rows(s, i, 1_000_000_000 + i, batch, attrs[s], blocks, [], hash_lists)
-        chunks.append((blocks, hash_lists))
-    rows_s = clock() - t
+    fields = tuple(WatchBatch.__dataclass_fields__)
+
+    def flushes(keep: bool) -> tuple[float, float, float, list]:
+        """Decode, rows and handover a flush at a time; the rows kept (for the stages
+        below) or, as in a watch, let go after the handover: the timed pass keeps
+        nothing, since a heap growing by every row is not what a watch's is."""
+        attrs = {s: SourceAttrs() for s in range(args.sources)}
+        chunks = []
+        decode_s = rows_s = marshal_s = 0.0
+        for k in range(0, len(order), FLUSH_AT):
+            t = clock()
+            decoded = [(s, i, decode_batch(payload)) for s, i, payload in order[k : k + FLUSH_AT]]
+            t2 = clock()
+            blocks: list[tuple] = []
+            hash_lists: list = []
+            for s, i, batch in decoded:
+                batch_rows(s, i, 1_000_000_000 + i, batch, attrs[s], blocks, [], hash_lists)
+            del decoded  # as the recorder lets go of its batches before the handover
+            t4 = clock()
+            handed = WatchBatch(blocks=blocks, hash_lists=hash_lists)
+            marshal.dumps(("write", tuple(getattr(handed, f) for f in fields), 0))
+            t5 = clock()
+            # Letting go of the batches is the recorder's too: with the rows.
+            decode_s, rows_s = decode_s + t2 - t, rows_s + t4 - t2
+            marshal_s += t5 - t4
+            if keep:
+                chunks.append((blocks, hash_lists))
+        return decode_s, rows_s, marshal_s, chunks
+
+    decode_s, rows_s, marshal_s, _ = flushes(keep=False)
+    chunks = flushes(keep=True)[3]
+    gc.set_threshold(10_000, 10, 10)  # as the writer process runs
     with tempfile.TemporaryDirectory() as tmp:
         db = open_db(Path(tmp) / "stages.db")
         run_id = create_run(
@@ -284,7 +309,8 @@ def stages(args: argparse.Namespace) -> None:
         db.conn.close()
     n = args.sources * args.batches * 2 * args.stored * args.blocks
     print(f"{n:,} block events, CPU s: decode {decode_s:.3f}, rows {rows_s:.3f}, "
-          f"inserts {insert_s:.3f}, folding {fold_s:.3f} ({n / fold_s / 1e6:.2f} M/s)")  # fmt: skip
+          f"marshal {marshal_s:.3f}, inserts {insert_s:.3f}, folding {fold_s:.3f} "
+          f"({n / fold_s / 1e6:.2f} M/s)")  # fmt: skip
     # What the fold keeps at the end: bounded, whatever the session's length.
     remembered = sum(len(s.evicted) for s in state.sources.values())
     forgotten = sum(getattr(s, "forgotten", 0) for s in state.sources.values())

@@ -400,6 +400,10 @@ class WatchRecorder:
                 batch_rows(
                     index, seq, stamp, events, attrs[index], batch.blocks, batch.raw, hash_lists
                 )
+        # Let go of the batches before the handover: marshal keeps a table of every
+        # object referenced more than once, as half the hashes are while their batch
+        # lives (by its struct and by the row): that had doubled its time.
+        pending.clear()
         batch.counters = [self._counters(stream) for stream in list(self._streams.values())]
         try:
             self._writer.write(batch, self.dropped_rows)
