@@ -964,14 +964,17 @@ class FleetState:
         for i, s in self.sources.items():
             spans = _span_durations(s.spans) if s.spans else None
             s.spans = []
+            span_bins = None if spans is None else _bin_counts(spans)  # both histograms'
             for name, durations in s.hist.items():
-                if spans is not None and name in SPAN_HISTOGRAMS:
-                    rows += _binned(
-                        i, name, np.concatenate((np.asarray(durations, np.int64), spans))
-                    )
-                    durations.clear()
+                if span_bins is not None and name in SPAN_HISTOGRAMS:
+                    if durations:
+                        both = np.concatenate((np.asarray(durations, np.int64), spans))
+                        rows += [(i, name, b, n) for b, n in _bin_counts(both)]
+                        durations.clear()
+                    else:
+                        rows += [(i, name, b, n) for b, n in span_bins]
                 elif durations:
-                    rows += _binned(i, name, durations)
+                    rows += [(i, name, b, n) for b, n in _bin_counts(durations)]
                     durations.clear()
         if rows:
             conn.executemany(
@@ -1096,13 +1099,13 @@ def _span_durations(spans: list[tuple[int, list[int]]]) -> np.ndarray:
     return removed - births
 
 
-def _binned(source: int, name: str, durations_ns: list[int] | np.ndarray) -> list[tuple]:
-    """(source, name, bin, count) rows of durations, binned as ``bin_of`` does."""
+def _bin_counts(durations_ns: list[int] | np.ndarray) -> list[tuple[int, int]]:
+    """(bin, count) of durations, binned as ``bin_of`` does."""
     ms = np.asarray(durations_ns, dtype=np.float64) / 1e6
     with np.errstate(divide="ignore"):
         bins = np.where(ms < 1.0, 0, 1 + np.floor(BINS_PER_OCTAVE * np.log2(np.maximum(ms, 1.0))))
     values, counts = np.unique(bins.astype(np.int64), return_counts=True)
-    return [(source, name, int(b), int(n)) for b, n in zip(values, counts, strict=True)]
+    return [(int(b), int(n)) for b, n in zip(values, counts, strict=True)]
 
 
 def _bits(mask: int) -> str:
