@@ -190,10 +190,16 @@ def decode_event(raw: Any) -> KvEvent:
     ):
         del extra["extra_keys"]  # [None, None, ...]: nothing to keep
     extra = extra or _NOTHING
+    try:
+        signed = [v - _TWO_64 if v > _MAX_INT64 else v for v in hashes]
+        if parent is not None and parent > _MAX_INT64:
+            parent -= _TWO_64
+    except TypeError:  # a hash that is no number: a bad message, not a dead subscriber
+        raise KvscopeError(f"{kind} with a hash that is not an integer") from None
     return KvEvent(
         kind,
-        [v - _TWO_64 if v > _MAX_INT64 else v for v in hashes],
-        parent if parent is None or parent <= _MAX_INT64 else parent - _TWO_64,
+        signed,
+        parent,
         get("block_size"),
         get("medium"),
         get("group_idx"),

@@ -113,7 +113,10 @@ def test_an_unknown_field_in_an_otherwise_usual_batch_is_kept() -> None:
 @pytest.mark.parametrize(
     "payload",
     [b"\xc1", msgpack.packb({"ts": 1}), msgpack.packb([1.0]), msgpack.packb([1.0, [5]]),
-     msgpack.packb(["x", []]), msgpack.packb([1.0, [{"no": "type"}]])],
+     msgpack.packb(["x", []]), msgpack.packb([1.0, [{"no": "type"}]]),
+     msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": ["a"]}]]),
+     msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": [1],
+                           "parent_block_hash": "p"}]])],
 )  # fmt: skip
 def test_malformed_payloads_raise_one_error(payload: bytes) -> None:
     with pytest.raises(KvscopeError):
