@@ -258,4 +258,10 @@ def _serve_until_finished(
             except Exception as exc:  # a full disk, a locked database: _serve says it
                 raise KvscopeError(f"ending run {run_id} failed: {exc}") from exc
             pipe.send(("finished", writer.rows_written))
-            return
+            # Everything is committed and closed: exit now rather than have the
+            # interpreter free the aggregates' state object by object on the way out
+            # (64 ms after a 1.2M-event burst, 163 ms after 6.1M, seconds after a long
+            # session's hundreds of MB), which the watching process's stop waited for.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
