@@ -153,6 +153,7 @@ class PlainSubscriber:
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.connect(endpoint)
         self.blocks: list[tuple[str, int]] = []
+        self.batch_blocks: list[tuple[int, str, int]] = []  # (seq, type, hash), as sent
         self.seqs: list[int] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -166,6 +167,7 @@ class PlainSubscriber:
             self.seqs.append(message.seq)
             for event in decode_payload(message.payload).events:
                 self.blocks += [(event.type, h) for h in event.block_hashes]
+                self.batch_blocks += [(message.seq, event.type, h) for h in event.block_hashes]
 
     def close(self) -> None:
         self.stop.set()
