@@ -196,6 +196,12 @@ def decode_event(raw: Any) -> KvEvent:
             parent -= _TWO_64
     except TypeError:  # a hash that is no number: a bad message, not a dead subscriber
         raise KvscopeError(f"{kind} with a hash that is not an integer") from None
+    for name, types in _SCALARS:
+        value = get(name)
+        if value is not None and not isinstance(value, types):
+            # The recorder keeps these in sets and keys (a list would stop its thread):
+            # a bad message, counted and shown, and the stream goes on.
+            raise KvscopeError(f"{kind} {name} is {type(value).__name__}")
     return KvEvent(
         kind,
         signed,
@@ -208,6 +214,16 @@ def decode_event(raw: Any) -> KvEvent:
         unknown,
         extra,
     )
+
+
+# Known fields the recorder summarises in sets and dict keys, and their types.
+_SCALARS = (
+    ("medium", str),
+    ("group_idx", int),
+    ("lora_name", str),
+    ("kv_cache_spec_kind", str),
+    ("block_size", int),
+)
 
 
 # Untyped (plain dicts, lists, ints) so unknown fields and event types survive;
@@ -226,6 +242,9 @@ def _known_struct(kind: str) -> type:
         # batches does not hold a Python int per token.
         "token_ids": (msgspec.Raw, None),
         "lookahead_token_ids": (msgspec.Raw, None),
+        # Kept in the recorder's sets and keys: anything else is the general path's
+        # bad message.
+        **{name: (t | None, None) for name, t in _SCALARS},
     }
     fields = [
         (name, *typed.get(name, (Any, None))) for name in sorted(KNOWN_FIELDS[kind] - {"type"})
@@ -241,7 +260,7 @@ StoredEvent, RemovedEvent, ClearedEvent = map(
 # The usual batch: [ts, map-shaped events of known fields only, dp_rank], decoded
 # to C structs with no dict per event (and tuples: see EventBatch).
 _KNOWN_EVENT = StoredEvent | RemovedEvent | ClearedEvent  # type: ignore[valid-type]
-_FAST_DECODER = msgspec.msgpack.Decoder(tuple[float, tuple[_KNOWN_EVENT, ...], Any])
+_FAST_DECODER = msgspec.msgpack.Decoder(tuple[float, tuple[_KNOWN_EVENT, ...], int | None])
 
 
 def _signed(hashes: Sequence[int]) -> list[int]:
@@ -318,6 +337,8 @@ def decode_batch(payload: bytes) -> EventBatch:
     if not isinstance(ts, (int, float)) or not isinstance(events, list):
         raise KvscopeError("batch is not [float, list, ...]")
     dp_rank = outer[2] if len(outer) == 3 else None
+    if dp_rank is not None and not isinstance(dp_rank, int):  # a stream's key: must hash
+        raise KvscopeError(f"batch dp_rank is {type(dp_rank).__name__}, expected an integer")
     return EventBatch(float(ts), [decode_event(e) for e in events], dp_rank)
 
 

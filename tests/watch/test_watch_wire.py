@@ -17,6 +17,7 @@ from watch_payloads import (
 
 from engine.errors import KvscopeError
 from profiler.watch.wire import (
+    decode_batch,
     decode_payload,
     pack_seq,
     parse_live,
@@ -121,6 +122,26 @@ def test_an_unknown_field_in_an_otherwise_usual_batch_is_kept() -> None:
 def test_malformed_payloads_raise_one_error(payload: bytes) -> None:
     with pytest.raises(KvscopeError):
         decode_payload(payload)
+
+
+@pytest.mark.parametrize("name", ["medium", "group_idx", "lora_name", "kv_cache_spec_kind",
+                                  "block_size", "dp_rank"])  # fmt: skip
+def test_a_field_the_recorder_keys_on_that_is_a_list_is_a_bad_message(name: str) -> None:
+    """The recorder keeps these in sets and dict keys: a list there had stopped its
+    thread (TypeError); it is one bad message, and the same batch with a plain value
+    takes the fast path."""
+    good = {"type": "BlockStored", "block_hashes": [1, BIG], "parent_block_hash": None,
+            "medium": "GPU", "group_idx": 0, "lora_name": "a", "kv_cache_spec_kind": "x",
+            "block_size": 16}  # fmt: skip
+    assert decode_batch(msgpack.packb([1.0, [good], 0])).known
+    event = good | ({} if name == "dp_rank" else {name: [1]})
+    payload = msgpack.packb([1.0, [event], [1] if name == "dp_rank" else 0])
+    with pytest.raises(KvscopeError, match=name):
+        decode_batch(payload)
+    if name in ("medium", "group_idx"):  # BlockRemoved carries these too
+        removed = {"type": "BlockRemoved", "block_hashes": [1], name: {"k": 1}}
+        with pytest.raises(KvscopeError, match=name):
+            decode_batch(msgpack.packb([1.0, [removed], 0]))
 
 
 def test_sequence_frames() -> None:
