@@ -238,7 +238,7 @@ def stages(args: argparse.Namespace) -> None:
     process's collector settings."""
     from db.store import open_db
     from db.watch_schema import BLOCK_COLUMNS
-    from db.watch_writer import WatchBatch, WatchWriter, _insert
+    from db.watch_writer import WatchBatch, WatchWriter, _insert, unpack_hashes
     from db.writer import create_run
     from profiler.watch.rows import SourceAttrs, batch_rows
     from profiler.watch.wire import decode_batch
@@ -289,6 +289,9 @@ def stages(args: argparse.Namespace) -> None:
         )  # fmt: skip
         writer = WatchWriter(db, run_id)
         sql = _insert("watch_blocks", BLOCK_COLUMNS, run_id)
+        t = clock()  # the usual batch's hashes come packed: their lists, as the writer folds them
+        chunks = [(blocks, unpack_hashes(hash_lists)) for blocks, hash_lists in chunks]
+        unpack_s = clock() - t
         t = clock()
         for blocks, _ in chunks:
             with db.atomic():
@@ -309,7 +312,8 @@ def stages(args: argparse.Namespace) -> None:
         db.conn.close()
     n = args.sources * args.batches * 2 * args.stored * args.blocks
     print(f"{n:,} block events, CPU s: decode {decode_s:.3f}, rows {rows_s:.3f}, "
-          f"marshal {marshal_s:.3f}, inserts {insert_s:.3f}, folding {fold_s:.3f} "
+          f"marshal {marshal_s:.3f}, unpack {unpack_s:.3f}, inserts {insert_s:.3f}, "
+          f"folding {fold_s:.3f} "
           f"({n / fold_s / 1e6:.2f} M/s)")  # fmt: skip
     # What the fold keeps at the end: bounded, whatever the session's length.
     remembered = sum(len(s.evicted) for s in state.sources.values())

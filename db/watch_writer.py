@@ -18,6 +18,7 @@ the file does not have.
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import dataclass, field
 
 from sqlite_utils import Database
@@ -50,9 +51,23 @@ class WatchBatch:
     # (*SOURCE_COUNTERS, source): the sources' counters as of this batch
     counters: list[tuple] = field(default_factory=list)
     model: str | None = None  # the served model, once known: the run's model if unset
-    # The hashes of each row of ``blocks`` as ints (None: parsed from the row's JSON),
-    # so the aggregates need not parse what the recorder just formatted.
-    hash_lists: list[list[int] | None] | None = None
+    # The hashes of each row of ``blocks`` as ints, or packed (``unpack_hashes``; None:
+    # parsed from the row's JSON), so the aggregates need not parse what the
+    # recorder just formatted.
+    hash_lists: list[list[int] | bytes | None] | None = None
+
+
+def unpack_hashes(hash_lists: list[list[int] | bytes | None]) -> list[list[int] | None]:
+    """The hashes of each block row for the aggregates, as lists: the usual batch's
+    come packed (bytes of native 64-bit ints, ``profiler.watch.rows``), read signed,
+    as SQLite keeps them."""
+    return [_unpacked(h) if h.__class__ is bytes else h for h in hash_lists]
+
+
+def _unpacked(packed: bytes) -> list[int]:
+    signed = array("q")
+    signed.frombytes(packed)
+    return signed.tolist()
 
 
 def _insert(table: str, columns: tuple[str, ...], run_id: int) -> str:
@@ -132,6 +147,8 @@ class WatchWriter:
             )
         conn = self.db.conn
         state = self.state
+        if batch.hash_lists:
+            batch.hash_lists = unpack_hashes(batch.hash_lists)
         for row in batch.sources:
             if row[1] == "events":
                 state.add_source(row[0], row[2])

@@ -21,6 +21,7 @@ of a batch, which is why its aggregates are those of a row per event
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,6 +200,25 @@ def batch_rows(
     attrs.block_events += block_events
 
 
+def _pack(hashes: Sequence[int]) -> tuple[str, bytes]:
+    """A typed event's hashes as handed to the writer: their JSON text (signed, as
+    SQLite keeps them) for the row, and for the aggregates native 64-bit ints, which
+    the writer reads back signed as a list (``db.watch_writer.unpack_hashes``): a
+    fraction of marshal's bytes and time for a list of ints (a 2,000-batch
+    prefill-like chunk was 7 MB), the writer process being the one that waits. vLLM
+    sends them unsigned, SGLang signed (msgpack holds nothing wider)."""
+    try:
+        packed = array("Q", hashes).tobytes()
+    except OverflowError:  # a negative hash: signed as it came
+        packed = array("q", [v - _TWO_64 if v > _MAX_INT64 else v for v in hashes]).tobytes()
+    signed = array("q")
+    signed.frombytes(packed)
+    return _encode(signed.tolist()).decode(), packed
+
+
+_encode = msgspec.json.encode  # the same text as the general path's repr for 64-bit ints
+
+
 def _known_rows(
     source: int,
     seq: int,
@@ -209,36 +229,36 @@ def _known_rows(
     hash_lists: list[list[int] | None],
 ) -> None:
     """``batch_rows`` of the usual batch: its typed structs (``EventBatch.known``),
-    straight to rows with one pass per event. The same rows and attributes as the
-    general path makes from the same events as ``KvEvent`` (tests/watch check it)."""
-    # The hashes' JSON text by msgspec: the same text as the general path's repr for
-    # 64-bit ints (all a typed struct holds), four times faster.
-    encode = msgspec.json.encode
+    straight to rows with one pass per event, their hashes packed for the aggregates
+    (``_pack``). The same rows and attributes as the general path makes from the same
+    events as ``KvEvent``, and once the writer unpacked them the same hash lists
+    (tests/watch check it)."""
     add = blocks.append
     keep = hash_lists.append
     media, spec_kinds, groups = attrs.media, attrs.spec_kinds, attrs.groups
     block_events = 0
-    run: list[int] | None = None  # plain removals' signed hashes sharing a row, not yet added
+    run: list[int] | None = None  # plain removals' hashes (as sent) sharing a row, not yet added
     run_set: set = set()  # their hashes
     run_medium = run_group = None
     for e in events:
         cls = type(e)
         if cls is RemovedEvent and e.locality is None and e.ownership is None:
-            hashes = [v - _TWO_64 if v > _MAX_INT64 else v for v in e.block_hashes]
+            hashes = e.block_hashes
             medium, group = e.medium, e.group_idx
             if run is not None:
                 if medium == run_medium and group == run_group:
                     run += hashes
                     run_set.update(hashes)
                     continue
-                add((source, seq, ts_ns, OP_REMOVED, encode(run).decode(), None, run_medium,
-                     run_group, len(run)))  # fmt: skip
-                keep(run)
+                text, packed = _pack(run)
+                add((source, seq, ts_ns, OP_REMOVED, text, None, run_medium, run_group,
+                     len(run)))  # fmt: skip
+                keep(packed)
                 block_events += len(run)
-            run, run_set, run_medium, run_group = hashes, set(hashes), medium, group
+            run, run_set, run_medium, run_group = list(hashes), set(hashes), medium, group
             continue
         if cls is StoredEvent:
-            hashes = [v - _TWO_64 if v > _MAX_INT64 else v for v in e.block_hashes]
+            hashes = e.block_hashes
             p = e.parent_block_hash
             if p is not None and p > _MAX_INT64:
                 p -= _TWO_64
@@ -249,14 +269,15 @@ def _known_rows(
                 or not run_set.isdisjoint(hashes)
             ):
                 # the removals go before a store of theirs (or of another shelf): in order
-                add((source, seq, ts_ns, OP_REMOVED, encode(run).decode(), None, run_medium,
-                     run_group, len(run)))  # fmt: skip
-                keep(run)
+                text, packed = _pack(run)
+                add((source, seq, ts_ns, OP_REMOVED, text, None, run_medium, run_group,
+                     len(run)))  # fmt: skip
+                keep(packed)
                 block_events += len(run)
                 run = None
-            add((source, seq, ts_ns, OP_STORED, encode(hashes).decode(), p, medium, group,
-                 len(hashes)))  # fmt: skip
-            keep(hashes)
+            text, packed = _pack(hashes)
+            add((source, seq, ts_ns, OP_STORED, text, p, medium, group, len(hashes)))
+            keep(packed)
             block_events += len(hashes)
             if e.block_size is not None:
                 attrs.block_size = e.block_size
@@ -276,29 +297,33 @@ def _known_rows(
                 attrs.lora_names.add(e.lora_name)
         elif cls is RemovedEvent:  # with locality or ownership: a row of its own
             if run is not None:
-                add((source, seq, ts_ns, OP_REMOVED, encode(run).decode(), None, run_medium,
-                     run_group, len(run)))  # fmt: skip
-                keep(run)
+                text, packed = _pack(run)
+                add((source, seq, ts_ns, OP_REMOVED, text, None, run_medium, run_group,
+                     len(run)))  # fmt: skip
+                keep(packed)
                 block_events += len(run)
                 run = None
-            hashes = [v - _TWO_64 if v > _MAX_INT64 else v for v in e.block_hashes]
-            add((source, seq, ts_ns, OP_REMOVED, encode(hashes).decode(), None, e.medium,
-                 e.group_idx, len(hashes)))  # fmt: skip
+            hashes = e.block_hashes
+            text, packed = _pack(hashes)
+            add((source, seq, ts_ns, OP_REMOVED, text, None, e.medium, e.group_idx,
+                 len(hashes)))  # fmt: skip
             attrs.note(removed_extra(e))
-            keep(hashes)
+            keep(packed)
             block_events += len(hashes)
         else:
             if run is not None:
-                add((source, seq, ts_ns, OP_REMOVED, encode(run).decode(), None, run_medium,
-                     run_group, len(run)))  # fmt: skip
-                keep(run)
+                text, packed = _pack(run)
+                add((source, seq, ts_ns, OP_REMOVED, text, None, run_medium, run_group,
+                     len(run)))  # fmt: skip
+                keep(packed)
                 block_events += len(run)
                 run = None
             add((source, seq, ts_ns, OP_CLEARED, None, None, None, None, 0))
             keep(None)
     if run is not None:
-        add((source, seq, ts_ns, OP_REMOVED, encode(run).decode(), None, run_medium, run_group,
+        text, packed = _pack(run)
+        add((source, seq, ts_ns, OP_REMOVED, text, None, run_medium, run_group,
              len(run)))  # fmt: skip
-        keep(run)
+        keep(packed)
         block_events += len(run)
     attrs.block_events += block_events

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from db.store import open_db
 from db.watch_schema import OP_REMOVED, OP_STORED
-from db.watch_writer import WatchBatch, WatchWriter
+from db.watch_writer import WatchBatch, WatchWriter, unpack_hashes
 from db.writer import create_run
 from profiler.watch.rows import SourceAttrs, batch_rows
 from profiler.watch.wire import EventBatch, decode_batch, decode_payload
@@ -33,6 +33,7 @@ def _rows(batch: EventBatch, source: int = 0, seq: int = 0, ts_ns: int = 5):
     raw: list[tuple] = []
     hash_lists: list = []
     batch_rows(source, seq, ts_ns, batch, attrs, blocks, raw, hash_lists)
+    hash_lists = unpack_hashes(hash_lists)  # as the writer folds them
     return blocks, raw, hash_lists, attrs
 
 
@@ -276,3 +277,23 @@ def test_no_group_and_group_0_are_one_shelf_to_share_a_row() -> None:
     for batch in _both_paths(events):
         blocks, _, _, _ = _rows(batch)
         assert [row[4] for row in blocks] == ["[1]", "[2]", "[3]"]
+
+
+def test_packed_hashes_come_back_signed_whatever_their_sign() -> None:
+    """The usual batch hands its hashes to the writer packed: vLLM's unsigned (>= 2^63
+    too) and signed ones (SGLang's sign in a 3-element batch); unpacked, they are the
+    general path's lists, and the rows' text is the same."""
+    big = 2**64 - 5
+    events = [_stored([1, big]), _stored([-3, 4]), _removed([big, 7, -(2**63)])]
+    fast, general = _both_paths(events)
+    raw_lists: list = []
+    batch_rows(0, 0, 5, fast, SourceAttrs(), [], [], raw_lists)
+    assert [type(h) for h in raw_lists] == [bytes, bytes, bytes]
+    got, want = _rows(fast), _rows(general)
+    assert got[0] == want[0] and got[2] == want[2]
+    assert [row[4] for row in got[0]] == [
+        f"[1,{big - 2**64}]",
+        "[-3,4]",
+        f"[{big - 2**64},7,{-(2**63)}]",
+    ]
+    assert got[2] == [[1, big - 2**64], [-3, 4], [big - 2**64, 7, -(2**63)]]
