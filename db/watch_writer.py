@@ -82,6 +82,7 @@ class WatchWriter:
         self.db = db
         self.run_id = run_id
         self.rows_written = 0
+        self.committed_at: float | None = None  # time.perf_counter() of the last write's commit
         db.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
         r = int(run_id)
         # Whether the run has raw rows, from its aggregates' state (watch_blocks has no
@@ -183,6 +184,7 @@ class WatchWriter:
             self._stale = self._stale or folding  # rebuilt before the next write
             raise
         self.rows_written = rows_written
+        self.committed_at = time.perf_counter()
 
     def trim_raw(self, before_ns: int) -> int:
         """Delete this run's raw block and unknown-event rows older than ``before_ns``

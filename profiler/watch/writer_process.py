@@ -59,6 +59,8 @@ class WriterProcess:
         self.failed_rows = 0  # rows the child could not write (or never got): dropped
         self.trimmed_rows = 0
         self.error: str | None = None  # why the child failed a write, or died
+        # time.perf_counter() (system-wide on Linux) of the child's last commit, as read
+        self.committed_at: float | None = None
         # Rows handed over that the child has not answered for: lost if it dies.
         self._unanswered = 0
         self._fatal = False  # the child said why it stops: its death adds nothing
@@ -101,6 +103,7 @@ class WriterProcess:
                 if kind == "written":
                     self.rows_written = answer[1]
                     self._unanswered -= answer[2]
+                    self.committed_at = answer[3]
                 elif kind == "failed":
                     self._unanswered -= answer[1]
                     self.failed_rows += answer[1]
@@ -244,7 +247,9 @@ def _serve_until_finished(
                 continue
             if freeze_gc:
                 gc.freeze()
-            pipe.send(("written", writer.rows_written, len(batch.blocks) + len(batch.raw)))
+            written = ("written", writer.rows_written, len(batch.blocks) + len(batch.raw),
+                       writer.committed_at)  # fmt: skip
+            pipe.send(written)
         elif kind == "trim":
             try:
                 pipe.send(("trimmed", writer.trim_raw(message[1])))
