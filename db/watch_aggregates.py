@@ -262,6 +262,22 @@ def _unchain(nodes: dict[int, list | _Chain], chain: _Chain, block: int) -> list
     return nodes[block]
 
 
+def _hang(tree: _Tree, parent: int | None) -> int:
+    """One more child under ``parent`` in ``tree`` (its node made from its chain if need
+    be): the parent's depth, or 0 when it is not in the tree, and the child a new root."""
+    nodes = tree.nodes
+    above = nodes.get(parent) if parent is not None else None
+    if above.__class__ is _Chain:
+        above = _unchain(nodes, above, parent)
+    if above is None:
+        tree.roots += 1
+        return 0
+    above[2] += 1
+    if above[2] == 2:
+        tree.branch_points.add(parent)
+    return above[1]
+
+
 class _Tree:
     """The prefix tree of one engine kind: every block ever stored, by its parent,
     and which sources hold each block now (the fleet's duplication)."""
@@ -479,22 +495,12 @@ class FleetState:
                     node = _unchain(nodes, node, block)
                 node[4] |= bit
                 return tree.extra
-            above = nodes.get(parent) if parent is not None and parent != block else None
-            if above.__class__ is _Chain:
-                above = _unchain(nodes, above, parent)
-            if above is not None:
-                depth = above[1] + 1
-                above[2] += 1
-                if above[2] == 2:
-                    tree.branch_points.add(parent)
-            else:
-                depth = 1
-                tree.roots += 1
+            depth = _hang(tree, parent if parent != block else None) + 1
             if depth > tree.max_depth:
                 tree.max_depth = depth
             nodes[block] = [parent, depth, 0, 1, bit]
             self._prefixes_dirty = True
-            if above is not None:
+            if depth > 1:
                 self._above(tree, parent, 1)
             return tree.extra
         # New content (a prompt's prefill): blocks the prefix tree has never seen, so
@@ -633,17 +639,7 @@ class FleetState:
             if node.__class__ is _Chain:
                 node = _unchain(nodes, node, block)
             if node is None:
-                above = nodes.get(par) if par is not None and par != block else None
-                if above.__class__ is _Chain:
-                    above = _unchain(nodes, above, par)
-                if above is not None:
-                    depth = above[1] + 1
-                    above[2] += 1
-                    if above[2] == 2:
-                        tree.branch_points.add(par)
-                else:
-                    depth = 1
-                    tree.roots += 1
+                depth = _hang(tree, par if par != block else None) + 1
                 if depth > tree.max_depth:
                     tree.max_depth = depth
                 node = nodes[block] = [par, depth, 0, 0, bit]  # subtree 0: new
@@ -666,26 +662,15 @@ class FleetState:
         """``hashes``, none in the tree and none twice, as a chain of new blocks, made in
         C: block i's parent is block i-1, it has one child (the last none) and n - i
         blocks under it."""
-        nodes = tree.nodes
         n = len(hashes)
-        above = nodes.get(parent) if parent is not None else None
-        if above.__class__ is _Chain:
-            above = _unchain(nodes, above, parent)
-        if above is not None:
-            depth = above[1]
-            above[2] += 1
-            if above[2] == 2:
-                tree.branch_points.add(parent)
-        else:
-            depth = 0
-            tree.roots += 1
+        depth = _hang(tree, parent)
         if depth + n > tree.max_depth:
             tree.max_depth = depth + n
-        nodes.update(zip(hashes, repeat(_Chain(parent, depth, hashes, bit))))
-        if above is None:  # a root: nothing above to count it in
-            self._prefixes_dirty = True
-        else:
+        tree.nodes.update(zip(hashes, repeat(_Chain(parent, depth, hashes, bit))))
+        if depth:
             self._above(tree, parent, n)
+        else:  # a root: nothing above to count it in
+            self._prefixes_dirty = True
 
     def _above(self, tree: _Tree, up: int | None, added: int) -> None:
         """``added`` blocks more under ``up`` and each of its ancestors."""

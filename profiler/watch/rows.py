@@ -37,6 +37,7 @@ from profiler.watch.wire import (
     BLOCK_STORED,
     KNOWN_FIELDS,
     EventBatch,
+    KvEvent,
     RemovedEvent,
     StoredEvent,
     removed_extra,
@@ -111,6 +112,46 @@ def _json_default(value: Any) -> Any:
     return value.hex() if isinstance(value, bytes) else repr(value)
 
 
+def _as_text(hashes: list) -> tuple[str, list]:
+    """The general path's row text and hash list (``_pack``'s counterpart)."""
+    return _repr_json(hashes), hashes
+
+
+class _Removals:
+    """A batch's plain removals of one shelf sharing a row, not yet added: the row goes
+    before the first event that may not pass them (see the module docstring)."""
+
+    __slots__ = ("hashes", "seen", "medium", "group")
+
+    def __init__(self, hashes: Sequence[int], medium: str | None, group: int | None) -> None:
+        self.hashes = list(hashes)
+        self.seen = set(hashes)
+        self.medium, self.group = medium, group
+
+    def take(self, hashes: Sequence[int], medium: str | None, group: int | None) -> bool:
+        """Add the removal of ``hashes`` if it is of this shelf, as named."""
+        if medium != self.medium or group != self.group:
+            return False
+        self.hashes += hashes
+        self.seen.update(hashes)
+        return True
+
+    def pass_store(self, hashes: Sequence[int], medium: str | None, group: int | None) -> bool:
+        """Whether a store of ``hashes`` may go before these removals: on the fold's same
+        shelf (no group is group 0), of none of their hashes."""
+        return (
+            medium == self.medium
+            and (group or 0) == (self.group or 0)
+            and self.seen.isdisjoint(hashes)
+        )
+
+    def add_row(self, source: int, seq: int, ts_ns: int, pack: Any, add: Any, keep: Any) -> None:
+        text, kept = pack(self.hashes)
+        add((source, seq, ts_ns, OP_REMOVED, text, None, self.medium, self.group,
+             len(self.hashes)))  # fmt: skip
+        keep(kept)
+
+
 def batch_rows(
     source: int,
     seq: int,
@@ -123,41 +164,44 @@ def batch_rows(
 ) -> None:
     """Append ``batch``'s rows to ``blocks`` and ``raw``, each block row's hashes to
     ``hash_lists`` (for the aggregates); note its attributes in ``attrs``."""
+    first = len(blocks)
     if batch.known:
         _known_rows(source, seq, ts_ns, batch.events, attrs, blocks, hash_lists)
-        return
-    # The general path (unknown fields, positional events, SGLang's 2-element batch):
-    # the same rows as _known_rows, from KvEvents.
+    else:
+        _general_rows(source, seq, ts_ns, batch.events, attrs, blocks, raw, hash_lists)
+    attrs.block_events += sum(row[8] for row in blocks[first:])
+
+
+def _general_rows(
+    source: int,
+    seq: int,
+    ts_ns: int,
+    events: Sequence[KvEvent],
+    attrs: SourceAttrs,
+    blocks: list[tuple],
+    raw: list[tuple],
+    hash_lists: list[list[int] | None],
+) -> None:
+    """``batch_rows`` of anything but the usual batch (unknown fields, positional
+    events, SGLang's 2-element batch): the same rows as ``_known_rows``, from KvEvents."""
     add = blocks.append
     keep = hash_lists.append
-    block_events = 0
-    run: list[int] | None = None  # plain removals sharing a row, not yet added
-    run_set: set = set()  # their hashes
-    run_medium = run_group = None
-    for event in batch.events:
+    run: _Removals | None = None
+    for event in events:
         kind = event.type
         if kind == BLOCK_REMOVED and not event.unknown and not event.extra:
             hashes, medium, group = event.block_hashes, event.medium, event.group_idx
             if run is not None:
-                if medium == run_medium and group == run_group:
-                    run += hashes
-                    run_set.update(hashes)
+                if run.take(hashes, medium, group):
                     continue
-                add((source, seq, ts_ns, OP_REMOVED, _repr_json(run), None, run_medium,
-                     run_group, len(run)))  # fmt: skip
-                keep(run)
-                block_events += len(run)
-            run, run_set, run_medium, run_group = list(hashes), set(hashes), medium, group
+                run.add_row(source, seq, ts_ns, _as_text, add, keep)
+            run = _Removals(hashes, medium, group)
             continue
         if run is not None and (
-            kind != BLOCK_STORED or event.unknown or event.medium != run_medium
-            or (event.group_idx or 0) != (run_group or 0)  # the fold's shelf: None is 0
-            or not run_set.isdisjoint(event.block_hashes)
+            kind != BLOCK_STORED or event.unknown
+            or not run.pass_store(event.block_hashes, event.medium, event.group_idx)
         ):  # fmt: skip
-            add((source, seq, ts_ns, OP_REMOVED, _repr_json(run), None, run_medium, run_group,
-                 len(run)))  # fmt: skip
-            keep(run)
-            block_events += len(run)
+            run.add_row(source, seq, ts_ns, _as_text, add, keep)
             run = None
         if event.unknown or kind not in KNOWN_FIELDS:
             payload = json.dumps(event.unknown, default=_json_default)
@@ -168,7 +212,6 @@ def batch_rows(
             add((source, seq, ts_ns, OP_STORED, _repr_json(hashes), event.parent_block_hash,
                  medium, event.group_idx, len(hashes)))  # fmt: skip
             keep(hashes)
-            block_events += len(hashes)
             if event.block_size is not None:
                 attrs.block_size = event.block_size
             if medium is not None:
@@ -188,16 +231,11 @@ def batch_rows(
             if event.extra:
                 attrs.note(event.extra)
             keep(hashes)
-            block_events += len(hashes)
         elif kind == ALL_BLOCKS_CLEARED:
             add((source, seq, ts_ns, OP_CLEARED, None, None, None, None, 0))
             keep(None)
     if run is not None:
-        add((source, seq, ts_ns, OP_REMOVED, _repr_json(run), None, run_medium, run_group,
-             len(run)))  # fmt: skip
-        keep(run)
-        block_events += len(run)
-    attrs.block_events += block_events
+        run.add_row(source, seq, ts_ns, _as_text, add, keep)
 
 
 def _pack(hashes: Sequence[int]) -> tuple[str, bytes]:
@@ -236,49 +274,30 @@ def _known_rows(
     add = blocks.append
     keep = hash_lists.append
     media, spec_kinds, groups = attrs.media, attrs.spec_kinds, attrs.groups
-    block_events = 0
-    run: list[int] | None = None  # plain removals' hashes (as sent) sharing a row, not yet added
-    run_set: set = set()  # their hashes
-    run_medium = run_group = None
+    run: _Removals | None = None  # of hashes as sent
     for e in events:
         cls = type(e)
         if cls is RemovedEvent and e.locality is None and e.ownership is None:
-            hashes = e.block_hashes
-            medium, group = e.medium, e.group_idx
             if run is not None:
-                if medium == run_medium and group == run_group:
-                    run += hashes
-                    run_set.update(hashes)
+                if run.take(e.block_hashes, e.medium, e.group_idx):
                     continue
-                text, packed = _pack(run)
-                add((source, seq, ts_ns, OP_REMOVED, text, None, run_medium, run_group,
-                     len(run)))  # fmt: skip
-                keep(packed)
-                block_events += len(run)
-            run, run_set, run_medium, run_group = list(hashes), set(hashes), medium, group
+                run.add_row(source, seq, ts_ns, _pack, add, keep)
+            run = _Removals(e.block_hashes, e.medium, e.group_idx)
             continue
+        if run is not None and (
+            cls is not StoredEvent or not run.pass_store(e.block_hashes, e.medium, e.group_idx)
+        ):
+            run.add_row(source, seq, ts_ns, _pack, add, keep)
+            run = None
         if cls is StoredEvent:
             hashes = e.block_hashes
             p = e.parent_block_hash
             if p is not None and p > _MAX_INT64:
                 p -= _TWO_64
             medium, group = e.medium, e.group_idx
-            if run is not None and (
-                medium != run_medium
-                or (group or 0) != (run_group or 0)  # the fold's shelf: no group is group 0
-                or not run_set.isdisjoint(hashes)
-            ):
-                # the removals go before a store of theirs (or of another shelf): in order
-                text, packed = _pack(run)
-                add((source, seq, ts_ns, OP_REMOVED, text, None, run_medium, run_group,
-                     len(run)))  # fmt: skip
-                keep(packed)
-                block_events += len(run)
-                run = None
             text, packed = _pack(hashes)
             add((source, seq, ts_ns, OP_STORED, text, p, medium, group, len(hashes)))
             keep(packed)
-            block_events += len(hashes)
             if e.block_size is not None:
                 attrs.block_size = e.block_size
             if medium is not None:
@@ -296,34 +315,14 @@ def _known_rows(
             if e.lora_name is not None:
                 attrs.lora_names.add(e.lora_name)
         elif cls is RemovedEvent:  # with locality or ownership: a row of its own
-            if run is not None:
-                text, packed = _pack(run)
-                add((source, seq, ts_ns, OP_REMOVED, text, None, run_medium, run_group,
-                     len(run)))  # fmt: skip
-                keep(packed)
-                block_events += len(run)
-                run = None
             hashes = e.block_hashes
             text, packed = _pack(hashes)
             add((source, seq, ts_ns, OP_REMOVED, text, None, e.medium, e.group_idx,
                  len(hashes)))  # fmt: skip
             attrs.note(removed_extra(e))
             keep(packed)
-            block_events += len(hashes)
         else:
-            if run is not None:
-                text, packed = _pack(run)
-                add((source, seq, ts_ns, OP_REMOVED, text, None, run_medium, run_group,
-                     len(run)))  # fmt: skip
-                keep(packed)
-                block_events += len(run)
-                run = None
             add((source, seq, ts_ns, OP_CLEARED, None, None, None, None, 0))
             keep(None)
     if run is not None:
-        text, packed = _pack(run)
-        add((source, seq, ts_ns, OP_REMOVED, text, None, run_medium, run_group,
-             len(run)))  # fmt: skip
-        keep(packed)
-        block_events += len(run)
-    attrs.block_events += block_events
+        run.add_row(source, seq, ts_ns, _pack, add, keep)

@@ -7,12 +7,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from watch_helpers import A, B, C, D, E, S
+from watch_helpers import A, B, C, D, E, S, new_watch_run
 
-from db.store import open_db
 from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
 from db.watch_writer import WatchBatch, WatchWriter
-from db.writer import create_run
 from profiler.watch.publisher import EventPublisher
 
 
@@ -40,17 +38,7 @@ def _event(source: int, seq: int, t_s: float, op: int, hashes=(), parent=None, m
 def recording(tmp_path: Path) -> tuple[Path, int]:
     """A hand-built watch run whose every derived figure is known (see test_watch_queries)."""
     path = tmp_path / "w.db"
-    db = open_db(path)
-    run_id = create_run(
-        db,
-        kind="watch",
-        model=None,
-        config={},
-        hardware={},
-        versions={},
-        started_at=0.0,
-        start_ns=0,
-    )
+    db, run_id = new_watch_run(path)
     writer = WatchWriter(db, run_id)
     sources = [
         (0, "events", "vllm", "tcp://a:1", None, "", None, 0),

@@ -15,10 +15,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from db.store import open_db
+from watch_helpers import new_watch_run
+
 from db.watch_schema import OP_REMOVED, OP_STORED
 from db.watch_writer import WatchBatch, WatchWriter
-from db.writer import create_run
 
 S = 1_000_000_000
 LENGTH_S = 9000
@@ -52,11 +52,7 @@ def build(path: Path) -> tuple[int, list[Event]]:
         events += [Event(t + dt, src, op, block, rc, rm) for dt, src, op, rc, rm in CYCLE]
         t += CYCLE[-1][0] + 0.5 + rng.uniform(0, 150)
         block += 1
-    db = open_db(path)
-    run_id = create_run(
-        db, kind="watch", model=None, config={}, hardware={}, versions={},
-        started_at=0.0, start_ns=0,
-    )  # fmt: skip
+    db, run_id = new_watch_run(path)
     sources = [
         (i, "events", "vllm", f"tcp://r{i}:1", None, "", None, 0) for i in (0, 1)
     ]  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import long_recording
 import pytest
-from watch_helpers import S
+from watch_helpers import S, new_watch_run
 
 from app.dashboard import watch_page
 from app.tui.watch_view import WatchView, misses_text
@@ -20,18 +20,13 @@ from db import watch_queries as q
 from db.store import open_db
 from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
 from db.watch_writer import WatchBatch, WatchWriter
-from db.writer import create_run
 from engine.errors import KvscopeError
 
 BLOCK = 16
 
 
 def _run(path: Path, sources: int = 3, engine: str = "vllm"):
-    db = open_db(path)
-    run_id = create_run(
-        db, kind="watch", model=None, config={}, hardware={}, versions={},
-        started_at=0.0, start_ns=0,
-    )  # fmt: skip
+    db, run_id = new_watch_run(path)
     writer = WatchWriter(db, run_id)
     rows = [(i, "events", engine, f"tcp://h:{i}", None, "", i, 0) for i in range(sources)]
     counters = [(BLOCK, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "{}", i) for i in range(sources)]

@@ -6,12 +6,11 @@ import math
 import random
 
 import long_recording
-from watch_helpers import A, B, C
+from watch_helpers import A, B, C, new_watch_run
 
 from db import watch_queries as q
 from db.store import open_db
 from db.watch_writer import WatchBatch, WatchWriter
-from db.writer import create_run
 
 
 def test_block_stats(recording) -> None:
@@ -111,17 +110,7 @@ def test_counter_rates_survive_resets() -> None:
 
 
 def test_sglang_hit_rate_sums_cache_sources_over_prompt_tokens(tmp_path) -> None:
-    db = open_db(tmp_path / "s.db")
-    run_id = create_run(
-        db,
-        kind="watch",
-        model=None,
-        config={},
-        hardware={},
-        versions={},
-        started_at=0.0,
-        start_ns=0,
-    )
+    db, run_id = new_watch_run(tmp_path / "s.db")
     rows = []
     for n in range(4):
         ts = n * 1_000_000_000
@@ -160,11 +149,7 @@ def _scrape_text(n: int) -> str:
 def test_vllm_residency_histograms_and_cache_sources(tmp_path) -> None:
     from profiler.watch.scraper import sample_rows
 
-    db = open_db(tmp_path / "m.db")
-    run_id = create_run(
-        db, kind="watch", model=None, config={}, hardware={}, versions={},
-        started_at=0.0, start_ns=0,
-    )  # fmt: skip
+    db, run_id = new_watch_run(tmp_path / "m.db")
     last: dict = {}
     rows = []
     for n in (1, 2, 2, 3):  # the third scrape repeats the second: its buckets are not kept

@@ -15,11 +15,10 @@ import msgpack
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from watch_helpers import new_watch_run
 
-from db.store import open_db
 from db.watch_schema import OP_REMOVED, OP_STORED
 from db.watch_writer import WatchBatch, WatchWriter, unpack_hashes
-from db.writer import create_run
 from profiler.watch.rows import SourceAttrs, batch_rows
 from profiler.watch.wire import EventBatch, decode_batch, decode_payload
 
@@ -214,11 +213,7 @@ def _fleet(rng: random.Random, sources: int = 3, batches: int = 120) -> list[tup
 
 
 def _fold(path: Path, rows: list[tuple], hash_lists: list, sources: int = 3) -> dict:
-    db = open_db(path)
-    run_id = create_run(
-        db, kind="watch", model=None, config={}, hardware={}, versions={},
-        started_at=0.0, start_ns=0,
-    )  # fmt: skip
+    db, run_id = new_watch_run(path)
     writer = WatchWriter(db, run_id)
     registered = [(i, "events", "vllm", f"tcp://h:{i}", None, "", 0, 0) for i in range(sources)]
     writer.write(WatchBatch(sources=registered))

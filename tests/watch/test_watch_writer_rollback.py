@@ -9,13 +9,12 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from watch_helpers import new_watch_run
 
 from db.schema import COMPLETE
-from db.store import open_db
 from db.watch_aggregates import rebuild
 from db.watch_schema import OP_REMOVED, OP_STORED
 from db.watch_writer import WatchBatch, WatchWriter
-from db.writer import create_run
 from engine.errors import KvscopeError
 
 AGGREGATES = (
@@ -57,11 +56,7 @@ def _aggregates(conn: sqlite3.Connection, run_id: int) -> dict[str, list[tuple]]
 
 
 def _writer(path: Path) -> tuple[WatchWriter, int]:
-    db = open_db(path)
-    run_id = create_run(
-        db, kind="watch", model=None, config={}, hardware={}, versions={},
-        started_at=0.0, start_ns=0,
-    )  # fmt: skip
+    db, run_id = new_watch_run(path)
     return WatchWriter(db, run_id), run_id
 
 

@@ -12,14 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from watch_helpers import wait_until
+from watch_helpers import new_watch_run, wait_until
 from watch_payloads import vllm_stored
 
 from db.schema import COMPLETE
-from db.store import open_db
 from db.watch_schema import OP_STORED
 from db.watch_writer import WatchBatch
-from db.writer import create_run
 from profiler.watch.session import WatchSession
 from profiler.watch.sources import expand_sources
 from profiler.watch.writer_process import WriterProcess
@@ -28,11 +26,7 @@ SOURCE = (0, "events", "vllm", "tcp://a:1", None, "", None, 0)
 
 
 def _new_run(path: Path) -> int:
-    db = open_db(path)
-    run_id = create_run(
-        db, kind="watch", model=None, config={}, hardware={}, versions={},
-        started_at=0.0, start_ns=0,
-    )  # fmt: skip
+    db, run_id = new_watch_run(path)
     db.conn.close()
     return run_id
 

@@ -1,13 +1,19 @@
 """Helpers shared by the watch tests (and the real-vLLM tier): waiting for a
-condition, a free loopback port, and the hashes of the hand-built recording."""
+condition, a free loopback port, a new watch run, and the hashes of the hand-built
+recording."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable
 
 import pytest
+from sqlite_utils import Database
+
+from db.store import open_db
+from db.writer import create_run
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
@@ -17,6 +23,16 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
         if time.monotonic() > deadline:
             pytest.fail("condition not reached in time")
         time.sleep(0.01)
+
+
+def new_watch_run(path: str | os.PathLike[str]) -> tuple[Database, int]:
+    """A database at ``path`` with a new watch run in it (its clock starting at 0)."""
+    db = open_db(path)
+    run_id = create_run(
+        db, kind="watch", model=None, config={}, hardware={}, versions={},
+        started_at=0.0, start_ns=0,
+    )  # fmt: skip
+    return db, run_id
 
 
 def free_port() -> int:
