@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from sqlite_utils import Database
 
+from db.checkpointer import Checkpointer
 from db.schema import FINAL_STATUSES
 from db.source import run_origin
 from db.watch_aggregates import FleetState, rebuild
@@ -84,6 +85,10 @@ class WatchWriter:
         self.rows_written = 0
         self.committed_at: float | None = None  # time.perf_counter() of the last write's commit
         db.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
+        # The WAL is copied into the file beside the writing, not in its commits
+        # (db.checkpointer); the automatic checkpoint above is the bound if it lags.
+        (_, _, path) = db.execute("PRAGMA database_list").fetchone()
+        self._checkpointer = Checkpointer(path) if path else None
         r = int(run_id)
         # Whether the run has raw rows, from its aggregates' state (watch_blocks has no
         # run_id index: a new run's look there would read the whole file).
@@ -185,6 +190,8 @@ class WatchWriter:
             raise
         self.rows_written = rows_written
         self.committed_at = time.perf_counter()
+        if self._checkpointer is not None:
+            self._checkpointer.committed(len(batch.blocks) + len(batch.raw))
 
     def trim_raw(self, before_ns: int) -> int:
         """Delete this run's raw block and unknown-event rows older than ``before_ns``
@@ -210,6 +217,8 @@ class WatchWriter:
                 "UPDATE watch_agg_state SET raw_trimmed_before = ? WHERE run_id = ?",
                 (before_ns, r),
             )
+        if self._checkpointer is not None:
+            self._checkpointer.committed(deleted)
         return deleted
 
     def finish(self, status: str, dropped_rows: int) -> None:
@@ -218,6 +227,9 @@ class WatchWriter:
             raise ValueError(f"final status must be one of {FINAL_STATUSES}, not {status!r}")
         # A state that cannot be rebuilt is not written: the file's aggregates are
         # those of the last write that succeeded, as its rows are.
+        if self._checkpointer is not None:
+            self._checkpointer.close()  # the last connection's close copies the rest
+            self._checkpointer = None
         persist = not self._stale or self._refold()
         now = time.time()
         with self.db.atomic():
