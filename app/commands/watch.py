@@ -200,14 +200,32 @@ def _short(text: str | None, width: int = 60) -> str:
 
 
 def _stop(session, final: str):
-    """Stop the session; a second Ctrl-C must not cut its last write short."""
+    """Stop the session; a second Ctrl-C or SIGTERM must not cut its last write short."""
     if threading.current_thread() is not threading.main_thread():
         return session.stop(final)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return session.stop(final)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a supervisor's stop: systemd, docker, kill): stopped as Ctrl-C stops
+    it, with the last write made and the run marked, instead of dying mid-write
+    with the run left 'running' and the writer process killed with it."""
+
+
+def _terminate(signum, frame) -> None:
+    raise _Terminated
+
+
+def _on_sigterm():
+    """Install ``_terminate`` (main thread only); returns what to restore, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _terminate)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -239,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
     started = last_t = time.monotonic()
     last_blocks = 0
     final = COMPLETE
+    terminated = False
+    previous_term = _on_sigterm()
     try:
         if not args.json:
             resumed = " (resumed)" if session.recorder.resumed else ""
@@ -266,11 +286,14 @@ def run(args: argparse.Namespace) -> int:
                 )
             else:
                 print(_live(_line(status, rate), tty), end="" if tty else "\n", flush=True)
-    except KeyboardInterrupt:
-        final = INTERRUPTED
+    except KeyboardInterrupt as exc:
+        final, terminated = INTERRUPTED, isinstance(exc, _Terminated)
     except BaseException:
         _stop(session, FAILED)
         raise
+    finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
     status = _stop(session, final)
     if final != FAILED and session.error is not None:
         final = FAILED  # the last write failed: the run is marked failed, not what was asked
@@ -281,4 +304,6 @@ def run(args: argparse.Namespace) -> int:
         print(("\n" if tty else "") + f"run {session.run_id} {final}: " + _line(status))
     if final == FAILED:
         raise KvscopeError(f"watch stopped: {session.error}")
-    return 130 if final == INTERRUPTED else 0
+    if final == INTERRUPTED:
+        return 143 if terminated else 130  # 128 + the signal, as a shell reports it
+    return 0

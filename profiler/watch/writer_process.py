@@ -9,8 +9,9 @@ child process that owns ``WatchWriter``: the next batch is built while the
 last one is written, and a batch waits in the watching process's queue (where
 its depth and lag are shown) while the child is busy.
 
-The child ignores SIGINT (Ctrl-C reaches the whole process group): the watching
-process stops it with a last write and ``finish``. If the watching process dies,
+The child ignores SIGINT and SIGTERM (Ctrl-C, and a supervisor's stop, reach
+the whole process group): the watching process stops it with a last write and
+``finish``. If the watching process dies,
 the child sees its pipe close and marks the run failed, so the file is left
 readable and resumable; if the child dies, the watching process counts what it
 could not hand over as dropped and says why (``error``). Every transaction the
@@ -210,7 +211,10 @@ def _serve_until_finished(
     from db.store import open_db
     from db.watch_writer import WatchWriter
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the watching process decides when to stop
+    # The watching process decides when to stop: Ctrl-C, or a supervisor's SIGTERM to
+    # the whole group, reaches this child too, which then writes what it is handed.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if freeze_gc:
         # As in a watching process of its own (WatchRecorder): the aggregates' long-lived
         # objects out of the collector's reach, and young collections less often.

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from watch_helpers import free_port
+from watch_helpers import free_port, wait_until
 from watch_payloads import sglang_stored, vllm_stored
 
 from app.cli import main
@@ -63,6 +63,35 @@ def test_ctrl_c_marks_the_run_interrupted(tmp_path: Path) -> None:
     assert "run 1 interrupted" in out
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+    conn.close()
+
+
+def test_sigterm_to_the_group_stops_like_ctrl_c(tmp_path: Path, publishers) -> None:
+    """A supervisor's stop (systemd, docker: SIGTERM to every process of the group)
+    reaches the writer process too; the watch still makes its last write and marks
+    the run, and exits 143."""
+    pub = publishers()
+    db = tmp_path / "w.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "watch", str(db), "--source", pub.endpoint],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"}, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout.readline().startswith("kvscope watch: run 1")
+    pub.wait_for_subscribers()
+    for h in range(3):
+        pub.publish([vllm_stored([h, h + 100])])
+    conn = sqlite3.connect(db)
+    wait_until(lambda: conn.execute("SELECT COUNT(*) FROM watch_blocks").fetchone()[0] == 3)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "run 1 interrupted" in out and "Traceback" not in err
+    assert conn.execute("SELECT status, events_written FROM runs").fetchall() == [
+        ("interrupted", 3)
+    ]
+    (blocks,) = conn.execute("SELECT SUM(blocks) FROM watch_blocks").fetchone()
+    assert blocks == 6
     conn.close()
 
 
