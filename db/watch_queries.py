@@ -431,6 +431,9 @@ class BlockStats:
     copies: dict[str | None, int] = field(default_factory=dict)  # physical copies, by medium
     # blocks held now by "medium/group": hybrid models' groups apart
     by_group: dict[str, int] = field(default_factory=dict)
+    # removals let go of under the fold's fleet-wide memory (EVICTED_MEMORY): a
+    # re-store of one counted as new prefill, so recomputed is a lower bound when > 0
+    forgotten_removals: int = 0
 
 
 def _quantile(bins: list[tuple[int, int]], q: float) -> float | None:
@@ -466,8 +469,15 @@ def block_stats(source: Source, run_id: int, window: Window | None = None) -> li
     counts = None if window is None else window_counts(source, run_id, window)
     with connection(source) as conn:
         names = ", ".join(STAT_COLUMNS)
+        # schema v9's column; a file older than that opened read-only has none
+        has_forgotten = any(
+            c[1] == "forgotten_removals"
+            for c in conn.execute("PRAGMA table_info(watch_source_stats)")
+        )
+        forgotten = ", forgotten_removals" if has_forgotten else ", 0"
         rows = conn.execute(
-            f"SELECT source, {names} FROM watch_source_stats WHERE run_id = ? ORDER BY source",
+            f"SELECT source, {names}{forgotten} FROM watch_source_stats WHERE run_id = ? "
+            "ORDER BY source",
             (run_id,),
         ).fetchall()
         live: dict[int, dict] = defaultdict(lambda: defaultdict(int))
@@ -484,7 +494,7 @@ def block_stats(source: Source, run_id: int, window: Window | None = None) -> li
         lifetimes = _histograms(conn, run_id, "lifetime")
     out = []
     for row in rows:
-        src, values = row[0], dict(zip(STAT_COLUMNS, row[1:], strict=True))
+        src, values = row[0], dict(zip(STAT_COLUMNS, row[1:-1], strict=True))
         count = values["lifetime_count"]
         out.append(
             BlockStats(
@@ -505,6 +515,7 @@ def block_stats(source: Source, run_id: int, window: Window | None = None) -> li
                 values["routing_misses"],
                 {m: n for m, n in copies[src].items() if n},
                 groups[src],
+                row[-1],
             )
         )
     if counts is None:

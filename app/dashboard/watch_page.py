@@ -202,6 +202,8 @@ def block_rows(stats: Sequence[q.BlockStats], windowed: bool = False) -> list[di
             "recomputed after eviction" + win: s.recomputed,
             "routing misses" + win: s.routing_misses,
             "removed unknown" + ses: s.removed_unknown,
+            # past the fold's memory of removals: re-stores of these count as new prefill
+            "removals forgotten" + ses: s.forgotten_removals,
             "by group": ", ".join(f"{k}: {n}" for k, n in sorted(s.by_group.items()))
             if len({k.split("/")[-1] for k in s.by_group}) > 1
             else "",

@@ -256,7 +256,9 @@ def test_the_fleet_remembers_its_last_removals_and_counts_those_forgotten(
         ).fetchall()
 
     assert stats() == [(0, 6, 2, 2), (1, 7, 3, 1)]
-    assert [s.recomputed for s in q.block_stats(db, run_id)] == [2, 3]
+    shown = q.block_stats(db, run_id)
+    assert [(s.recomputed, s.forgotten_removals) for s in shown] == [(2, 2), (3, 1)]
+    assert [r["removals forgotten"] for r in watch_page.block_rows(shown)] == [2, 1]
     with db.atomic():
         state = agg.rebuild(db.conn, run_id)  # the raw rows folded again: the same
     assert stats() == [(0, 6, 2, 2), (1, 7, 3, 1)]
