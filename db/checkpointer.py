@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import sys
 import threading
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,11 @@ class Checkpointer:
         self._thread.join()
 
     def _run(self) -> None:
-        try:  # below the writer's priority: it copies in what the writer leaves of the CPU
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
-        except OSError:
-            pass
+        if sys.platform.startswith("linux"):  # a thread's own nice: Linux only
+            try:  # below the writer's priority: it copies in what the writer leaves of the CPU
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+            except OSError:
+                pass
         try:
             conn = sqlite3.connect(self.path, timeout=0, isolation_level=None)
         except sqlite3.Error as exc:  # the writer's own checkpoints still run
