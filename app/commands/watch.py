@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 from app.sizing_args import positive
@@ -163,6 +164,14 @@ def parse_duration(text: str, flag: str) -> float:
 def _check_url(url: str, flag: str) -> None:
     if not url.startswith(("http://", "https://")):
         raise KvscopeError(f"{flag} {url!r} must be an http:// or https:// URL")
+    parts = urllib.parse.urlsplit(url)
+    try:
+        if parts.port == 0:  # reading it raises for a port that is not a number < 65536
+            raise ValueError("port 0")
+    except ValueError as exc:
+        raise KvscopeError(f"{flag} {url!r}: {exc}") from None
+    if not parts.hostname:
+        raise KvscopeError(f"{flag} {url!r} names no host")
 
 
 def _line(status, rate: float | None = None) -> str:
