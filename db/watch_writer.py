@@ -85,10 +85,6 @@ class WatchWriter:
         self.rows_written = 0
         self.committed_at: float | None = None  # time.perf_counter() of the last write's commit
         db.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
-        # The WAL is copied into the file beside the writing, not in its commits
-        # (db.checkpointer); the automatic checkpoint above is the bound if it lags.
-        (_, _, path) = db.execute("PRAGMA database_list").fetchone()
-        self._checkpointer = Checkpointer(path) if path else None
         r = int(run_id)
         # Whether the run has raw rows, from its aggregates' state (watch_blocks has no
         # run_id index: a new run's look there would read the whole file).
@@ -104,6 +100,11 @@ class WatchWriter:
         # A run written before (a resumed watch) continues from its folded state.
         self.state = self._folded_state(has_rows)
         self._stale = False  # the state holds rows a failed transaction did not store
+        # The WAL is copied into the file beside the writing, not in its commits
+        # (db.checkpointer); the automatic checkpoint above is the bound if it lags.
+        # Started once nothing here can fail any more (a refused resume, above).
+        (_, _, path) = db.execute("PRAGMA database_list").fetchone()
+        self._checkpointer = Checkpointer(path) if path else None
         self._statements = (
             ("sources", _insert("watch_sources", SOURCE_COLUMNS, r)),
             ("blocks", _insert("watch_blocks", BLOCK_COLUMNS, r)),
