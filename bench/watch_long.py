@@ -337,6 +337,7 @@ def main() -> None:
         return
     rows = []
     sizes = [int(n) for n in args.events.split(",")]
+    args.dir.mkdir(parents=True, exist_ok=True)  # where the databases are built and kept
     # One unit per size (build or reuse its database, then time the views); sizes
     # usually double, so the ETA from the mean is an underestimate until the last.
     progress = Progress(len(sizes), "sizes")
