@@ -457,8 +457,8 @@ class FleetState:
         return cached
 
     def _store(self, src: _Source, ts_ns: int, hashes: list[int], parent: int | None,
-               m: str, g: int, run: list[int]) -> int:  # fmt: skip
-        """Fold a BlockStored in; returns the fleet's extra copies after it."""
+               m: str, g: int, run: list[int]) -> None:  # fmt: skip
+        """Fold a BlockStored in (its figures into ``run``)."""
         shelf = src.shelves.get((m, g))
         if shelf is None:
             shelf = src.shelf(m, g)
@@ -494,7 +494,7 @@ class FleetState:
                 if node.__class__ is _Chain:
                     node = _unchain(nodes, node, block)
                 node[4] |= bit
-                return tree.extra
+                return
             depth = _hang(tree, parent if parent != block else None) + 1
             if depth > tree.max_depth:
                 tree.max_depth = depth
@@ -502,7 +502,7 @@ class FleetState:
             self._prefixes_dirty = True
             if depth > 1:
                 self._above(tree, parent, 1)
-            return tree.extra
+            return
         # New content (a prompt's prefill): blocks the prefix tree has never seen, so
         # neither this shelf nor any source holds one (held ⊆ nodes, born ⊆ held; the
         # tree forgets only blocks held nowhere): one look in the tree, none there.
@@ -523,7 +523,7 @@ class FleetState:
                 run[2] += recomputed
                 run[4] += n
                 self._new_chain(tree, hashes, parent, bit)
-                return tree.extra
+                return
             for h in hashes:  # a hash twice in the event: undone, and taken block by block
                 born.pop(h, None)
         # The usual event: blocks no shelf of a one-shelf source holds, none twice in
@@ -564,12 +564,11 @@ class FleetState:
                 run[4] += n
                 run[5] += both
                 self._grow(tree, hashes, parent, bit, distinct=True)
-                return tree.extra
+                return
             for h in hashes:  # a hash twice in the event: undone, and taken block by block
                 born.pop(h, None)
         self._store_blocks(src, shelf, ts_ns, hashes, run)
         self._grow(tree, hashes, parent, bit)
-        return tree.extra
 
     def _store_blocks(self, src: _Source, shelf: _Shelf, ts_ns: int, hashes: list[int],
                       run: list[int]) -> None:  # fmt: skip
@@ -688,8 +687,8 @@ class FleetState:
             steps += 1
 
     def _remove(self, src: _Source, ts_ns: int, hashes: list[int], m: str, g: int,
-                run: list[int]) -> int:  # fmt: skip
-        """Fold a BlockRemoved in; returns the fleet's extra copies after it."""
+                run: list[int]) -> None:  # fmt: skip
+        """Fold a BlockRemoved in (its figures into ``run``)."""
         shelf = src.shelves.get((m, g))
         if shelf is None:
             shelf = src.shelf(m, g)
@@ -734,7 +733,7 @@ class FleetState:
                     tree.extra -= 1
                     if mask & (mask - 1) == 0:
                         tree.duplicated -= 1
-                return tree.extra
+                return
         # The usual event: one copy of each, held on a one-shelf source: in C. Popped
         # without a look first: a hash not held (or twice in the event) pops None, and
         # what was popped is put back for the block-by-block path.
@@ -770,11 +769,10 @@ class FleetState:
                             tree.extra -= 1
                             if mask & (mask - 1) == 0:
                                 tree.duplicated -= 1
-                return tree.extra
+                return
             # a hash not held, or twice in the event: put back, and taken block by block
             born.update((h, b) for h, b in zip(hashes, births, strict=True) if b is not None)
         self._remove_blocks(src, shelf, ts_ns, hashes)
-        return src.tree.extra
 
     def _remove_blocks(self, src: _Source, shelf: _Shelf, ts_ns: int,
                        hashes: list[int]) -> None:  # fmt: skip

@@ -166,12 +166,13 @@ def _check_url(url: str, flag: str) -> None:
         raise KvscopeError(f"{flag} {url!r} must be an http:// or https:// URL")
     parts = urllib.parse.urlsplit(url)
     try:
-        if parts.port == 0:  # reading it raises for a port that is not a number < 65536
-            raise ValueError("port 0")
+        port = parts.port  # raises for a port that is not a number below 65536
     except ValueError as exc:
         raise KvscopeError(f"{flag} {url!r}: {exc}") from None
     if not parts.hostname:
         raise KvscopeError(f"{flag} {url!r} names no host")
+    if port == 0:
+        raise KvscopeError(f"{flag} {url!r}: port 0")
 
 
 def _line(status, rate: float | None = None) -> str:

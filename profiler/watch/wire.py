@@ -191,7 +191,7 @@ def decode_event(raw: Any) -> KvEvent:
         del extra["extra_keys"]  # [None, None, ...]: nothing to keep
     extra = extra or _NOTHING
     try:
-        signed = [v - _TWO_64 if v > _MAX_INT64 else v for v in hashes]
+        signed = _signed(hashes)
         if parent is not None and parent > _MAX_INT64:
             parent -= _TWO_64
     except TypeError:  # a hash that is no number: a bad message, not a dead subscriber
