@@ -7,7 +7,10 @@ two cores can take (issue 23). Here the watching process keeps the sockets,
 the sequence tracking and the rows, and hands each flush's ``WatchBatch`` to a
 child process that owns ``WatchWriter``: the next batch is built while the
 last one is written, and a batch waits in the watching process's queue (where
-its depth and lag are shown) while the child is busy.
+its depth and lag are shown) while the child is busy. A large batch (a chunk of
+a backlog, megabytes) goes through one of two shared-memory slots
+(``profiler.watch.handover``) and the pipe carries only its place; a small one
+goes through the pipe.
 
 The child ignores SIGINT and SIGTERM (Ctrl-C, and a supervisor's stop, reach
 the whole process group): the watching process stops it with a last write and
@@ -33,12 +36,14 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
 from db.schema import FAILED
 from db.watch_writer import WatchBatch
 from engine.errors import KvscopeError
+from profiler.watch.handover import INLINE_MAX, SlotReader, SlotWriter
 
 FINISH_TIMEOUT_S = 600.0  # the last batch and the final persist
 _BATCH_FIELDS = tuple(WatchBatch.__dataclass_fields__)
@@ -66,6 +71,10 @@ class WriterProcess:
         self._unanswered = 0
         self._fatal = False  # the child said why it stops: its death adds nothing
         self._finished = False  # the child said it finished: its pipe's end is no news
+        self._slots = SlotWriter()
+        # The slot (None: the pipe) of each write the child has not answered for, oldest
+        # first: it answers them in order, and a slot is reused only once answered.
+        self._inflight: deque[int | None] = deque()
         ctx = mp.get_context("spawn")  # never fork: an SQLite connection must not cross it
         self._pipe, child = ctx.Pipe()
         self._proc = ctx.Process(
@@ -102,10 +111,12 @@ class WriterProcess:
                 last = answer
                 kind = answer[0]
                 if kind == "written":
+                    self._answered()
                     self.rows_written = answer[1]
                     self._unanswered -= answer[2]
                     self.committed_at = answer[3]
                 elif kind == "failed":
+                    self._answered()
                     self._unanswered -= answer[1]
                     self.failed_rows += answer[1]
                     self.error = answer[2]
@@ -129,6 +140,11 @@ class WriterProcess:
             self.error = f"the watch's writer process died (exit status {self._proc.exitcode})"
         self.failed_rows += self._unanswered
         self._unanswered = 0
+        self._inflight.clear()
+
+    def _answered(self) -> None:
+        if self._inflight:
+            self._inflight.popleft()
 
     def _gone(self, rows: int) -> bool:
         """A send found the child dead: read what it answered before, count the rest."""
@@ -137,25 +153,49 @@ class WriterProcess:
         self.failed_rows += rows
         return False
 
-    def _send(self, message: tuple, rows: int = 0) -> bool:
+    def _send(self, message: tuple | bytes, rows: int = 0) -> bool:
         if self._proc.exitcode is not None:
             return self._gone(rows)
         try:
             # marshal, not pickle: plain tuples, lists, ints and strings, dumped in a
             # quarter of pickle's time (a one-hash chunk is 64,000 rows and as many
             # hash lists), by the same interpreter that loads them.
-            self._pipe.send_bytes(marshal.dumps(message))
+            data = message if message.__class__ is bytes else marshal.dumps(message)
+            self._pipe.send_bytes(data)
         except (BrokenPipeError, EOFError, OSError):
             return self._gone(rows)
         self._unanswered += rows
         return True
 
     def write(self, batch: WatchBatch, dropped_rows: int = 0) -> None:
-        """Hand ``batch`` over: returns once the child has it (while it writes the one
-        before, this waits: the back-pressure the recorder's queue shows)."""
+        """Hand ``batch`` over: a large one through a shared-memory slot
+        (``profiler.watch.handover``), which returns once a slot is free (both full:
+        the child is writing one and the other waits for it; the back-pressure the
+        recorder's queue shows), a small one through the pipe."""
         self._collect()
         fields = tuple(getattr(batch, name) for name in _BATCH_FIELDS)
-        self._send(("write", fields, dropped_rows), len(batch.blocks) + len(batch.raw))
+        rows = len(batch.blocks) + len(batch.raw)
+        data = marshal.dumps(("write", fields, dropped_rows))
+        slot = self.wait_for_room() if len(data) > INLINE_MAX else None
+        if slot is not None:
+            try:
+                data = marshal.dumps(("slot", slot, *self._slots.put(slot, data)))
+                self._slots.next = (slot + 1) % len(self._slots)
+            except OSError:  # no shared memory to be had (a full /dev/shm): the pipe
+                slot = None
+        if self._send(data, rows):
+            self._inflight.append(slot)
+
+    def wait_for_room(self) -> int | None:
+        """Wait until the next shared-memory slot is free (the chunk it held answered
+        for); returns it, or None once the child is gone. The recorder waits here
+        before it takes a chunk from its queue, so a chunk is what came while the
+        child wrote, not what came while the last one was copied in (half as much,
+        each chunk's fixed costs twice as often)."""
+        slot = self._slots.next
+        while slot in self._inflight and self._proc.exitcode is None and not self._finished:
+            self._collect(0.05)
+        return slot if self._proc.exitcode is None and not self._finished else None
 
     def take_failed(self) -> int:
         """Rows dropped since the last call."""
@@ -186,6 +226,7 @@ class WriterProcess:
             self._collect()
             self._died()
         self._pipe.close()
+        self._slots.close()
 
 
 def _serve(db_path: str, run_id: int, rows_written: int, freeze_gc: bool, pipe: Connection) -> None:
@@ -217,8 +258,16 @@ def _serve_until_finished(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if freeze_gc:
         # As in a watching process of its own (WatchRecorder): the aggregates' long-lived
-        # objects out of the collector's reach, and young collections less often.
-        gc.set_threshold(10_000, 10, 10)
+        # objects are moved out of the collector's reach after each write (gc.freeze
+        # below), and a young generation far larger than one write leaves behind (its
+        # rows, hash lists and tree records: ~16,000 tracked objects net for a
+        # prefill-like 2,000-batch chunk, ~36,000 for a one-hash one) means no
+        # collection looks at them during it. Every 10,000 they had: 8 collections of
+        # 2-11 ms each per 1.2M prefill-like block events, ~6 % of this process's CPU
+        # (bench/watch_rate.py's chunks through WatchWriter.write, gc.callbacks timing).
+        # What a write makes is not cyclic (rows, lists, ints, records of hashes):
+        # refcounts free its garbage, and a later collection would find any cycle.
+        gc.set_threshold(500_000, 10, 10)
     try:
         db = open_db(db_path)
         writer = WatchWriter(db, run_id)
@@ -228,6 +277,7 @@ def _serve_until_finished(
         return
     pipe.send(("ready", None))
     dropped = 0
+    slots = SlotReader()
     while True:
         try:
             message = marshal.loads(pipe.recv_bytes())
@@ -240,6 +290,8 @@ def _serve_until_finished(
             except Exception:
                 pass
             return
+        if message[0] == "slot":  # a large write, in shared memory
+            message = slots.read(*message[1:], marshal.loads)
         kind = message[0]
         if kind == "write":
             _, fields, dropped = message
