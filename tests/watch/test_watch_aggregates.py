@@ -215,6 +215,90 @@ def test_aggregates_equal_the_definitions_on_a_random_fleet(tmp_path: Path, seed
     db.conn.close()
 
 
+def test_lifetime_and_idle_histograms_bin_each_source_exactly(tmp_path: Path) -> None:
+    """Blocks of known lifetimes on three sources, removed both as many-hash events
+    (binned at persist from their spans) and one at a time, some re-announced first
+    (their idle time then starts at the re-announcement), over two writes: every
+    source's lifetime and idle bins are ``bin_of`` of exactly those durations."""
+    rng = random.Random(5)
+    want: dict[tuple[int, str], list[int]] = defaultdict(list)  # durations in ns
+    rows, h = [], 1000
+    for src in range(3):
+        for k in range(40):
+            born = rng.uniform(0, 100)
+            n = rng.choice([1, 1, 3, 8])
+            hashes = list(range(h, h + n))
+            h += n
+            life = rng.choice([0.0004, 0.002, 0.3, 1.7, 30.0, 420.0]) * rng.uniform(1, 1.5)
+            rows.append(_row(src, born, OP_STORED, hashes))
+            last = born
+            if k % 5 == 0:  # re-announced (a hit) half-way: idle counts from there
+                last = born + life / 2
+                rows.append(_row(src, last, OP_STORED, hashes))
+            rows.append(_row(src, born + life, OP_REMOVED, hashes))
+            gone_ns = _row(src, born + life, OP_REMOVED)[2]
+            want[(src, "lifetime")] += [gone_ns - _row(src, born, OP_STORED)[2]] * n
+            want[(src, "idle_before_evict")] += [gone_ns - _row(src, last, OP_STORED)[2]] * n
+    rows.sort(key=lambda r: r[2])  # in time order, as a stream is
+    db, writer, run_id = _run(tmp_path / "w.db", sources=3)
+    writer.write(WatchBatch(blocks=rows[: len(rows) // 2]))
+    writer.write(WatchBatch(blocks=rows[len(rows) // 2 :]))
+    writer.finish("complete", 0)
+    got = defaultdict(dict)
+    for source, name, b, n in db.execute(
+        "SELECT source, name, bin, count FROM watch_histograms WHERE run_id = ?", (run_id,)
+    ).fetchall():
+        got[(source, name)][b] = n
+    for key, durations in want.items():
+        bins: dict[int, int] = defaultdict(int)
+        for d in durations:
+            bins[agg.bin_of(d / S)] += 1
+        assert got[key] == dict(bins), key
+    db.conn.close()
+
+
+def test_wider_buckets_are_their_seconds_summed(tmp_path: Path) -> None:
+    """The 1 min and 1 h series of a fleet spanning ~5 minutes, written in chunks that
+    cut buckets apart: each wider bucket's counts are the sum of its 1 s buckets', its
+    live blocks those of its latest one; the fleet's duplication is its latest
+    second's and its peak the highest of its seconds'."""
+    rows = [(src, seq, ts + S // 10 * i, *rest)
+            for i, (src, seq, ts, *rest) in enumerate(_random_fleet(3, 3000))]  # fmt: skip
+    assert rows[-1][2] // S > 300  # ~5 minutes: several 1 min buckets
+    db, writer, run_id = _run(tmp_path / "w.db", sources=4)
+    for start in range(0, len(rows), 700):
+        writer.write(WatchBatch(blocks=rows[start : start + 700]))
+    writer.finish("complete", 0)
+    counts = "stored, removed, recomputed, routing_misses, new_blocks, both_misses"
+    series = {}
+    for width, bucket, source, medium, live, *values in db.execute(
+        f"SELECT width_s, bucket, source, medium, live, {counts} FROM watch_series"
+    ).fetchall():
+        series[(width, bucket, source, medium)] = (live, values)
+    fleet = {(w, b, e): v for w, b, e, *v in db.execute(
+        "SELECT width_s, bucket, engine, duplicated, extra_copies, peak_extra_copies "
+        "FROM watch_fleet_series"
+    ).fetchall()}  # fmt: skip
+    assert {w for w, *_ in series} == {w for w, *_ in fleet} == {1, 60, 3600}
+    assert len([k for k in series if k[0] == 60]) > 4 * 4
+    for width in (60, 3600):
+        for (w, bucket, source, medium), (live, values) in series.items():
+            if w != width:
+                continue
+            seconds = sorted((b, v) for (w1, b, s1, m1), v in series.items()
+                             if w1 == 1 and b // width == bucket and (s1, m1) == (source, medium))  # fmt: skip
+            assert live == seconds[-1][1][0]
+            assert values == [sum(col) for col in zip(*(v for _, (_, v) in seconds), strict=True)]
+        for (w, bucket, engine), (dup, extra, peak) in fleet.items():
+            if w != width:
+                continue
+            seconds = sorted((b, v) for (w1, b, e1), v in fleet.items()
+                             if w1 == 1 and b // width == bucket and e1 == engine)  # fmt: skip
+            assert (dup, extra) == tuple(seconds[-1][1][:2])
+            assert peak == max(v[2] for _, v in seconds)
+    db.conn.close()
+
+
 def test_evicted_memory_is_bounded_and_forgets_the_oldest(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(agg, "EVICTED_MEMORY", 3)
     db, writer, run_id = _run(tmp_path / "w.db", sources=1)
