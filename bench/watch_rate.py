@@ -294,7 +294,7 @@ def stages(args: argparse.Namespace) -> None:
 
     decode_s, rows_s, marshal_s, _ = flushes(keep=False)
     chunks = flushes(keep=True)[3]
-    gc.set_threshold(10_000, 10, 10)  # as the writer process runs
+    gc.set_threshold(500_000, 10, 10)  # as the writer process runs
     with tempfile.TemporaryDirectory() as tmp:
         db = open_db(Path(tmp) / "stages.db")
         run_id = create_run(

@@ -836,7 +836,7 @@ class FleetState:
 
     def _forget(self) -> None:
         """Let go of the fleet's oldest remembered removals past ``EVICTED_MEMORY``
-        (an entry at a time, in C where none of its hashes is stale)."""
+        (an entry at a time, in C)."""
         ring = self._ring
         over = self._remembered - EVICTED_MEMORY
         while over > 0 and ring:
@@ -851,15 +851,16 @@ class FleetState:
             evicted = src.evicted
             if not evicted:
                 continue
-            if list(map(evicted.get, hashes)).count(ts_ns) == n:
-                # pop, not del: a hash removed twice in one event is in the entry twice
-                popped = list(map(evicted.pop, hashes, repeat(None)))
-                src.forgotten += n - popped.count(None)
-                continue
-            for h in hashes:
-                if evicted.get(h) == ts_ns:
-                    del evicted[h]
-                    src.forgotten += 1
+            # Popped without a look first, one dict operation a hash (a hash removed twice
+            # in one event is in the entry twice: its second pop finds None); what was
+            # popped that is not this removal's (stale here: removed again since) goes back.
+            popped = list(map(evicted.pop, hashes, repeat(None)))
+            mine = popped.count(ts_ns)
+            src.forgotten += mine
+            if mine + popped.count(None) != n:
+                for h, at in zip(hashes, popped, strict=True):
+                    if at is not None and at != ts_ns:
+                        evicted[h] = at
 
     def _clear(self, src: _Source, source: int, ts_ns: int, op: int) -> None:
         src.counts[_CLEARS if op == OP_CLEARED else _RESETS] += 1
