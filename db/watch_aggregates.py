@@ -1058,7 +1058,7 @@ def _prune(tree: _Tree, count: int) -> None:
         deque(map(nodes.__delitem__, chain.hashes), 0)
 
 
-_BIN_KEYS = 256  # above any bin of an int64 of ns (bin 174 is 2^63 ns)
+_BIN_KEYS = 256  # above any bin of an int64 of ns (2^63 ns is in bin 173)
 
 
 def _histogram_rows(sources: dict[int, _Source]) -> list[tuple]:

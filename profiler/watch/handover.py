@@ -30,9 +30,10 @@ class SlotWriter:
         self.next = 0  # the slot the next chunk goes to
 
     def put(self, slot: int, data: bytes) -> tuple[str, int]:
-        """Copy ``data`` into ``slot`` (free: its last chunk answered for); returns the
-        (name, length) the reader needs. Raises OSError when shared memory cannot be
-        had (a full /dev/shm): the caller sends the chunk through the pipe instead."""
+        """Copy ``data`` into ``slot`` (free: its last chunk answered for) and make the
+        other slot the next; returns the (name, length) the reader needs. Raises
+        OSError when shared memory cannot be had (a full /dev/shm): the caller sends
+        the chunk through the pipe instead."""
         shm = self._shm[slot]
         if shm is None or shm.size < len(data):
             self._drop(slot)
@@ -40,6 +41,7 @@ class SlotWriter:
             shm = _reserved(max(1 << 20, len(data) * 5 // 4))
             self._shm[slot] = shm
         shm.buf[: len(data)] = data
+        self.next = (slot + 1) % SLOTS
         return shm.name, len(data)
 
     def _drop(self, slot: int) -> None:
@@ -50,9 +52,6 @@ class SlotWriter:
                 shm.unlink()  # the reader's mapping stays valid until it lets go of it
             except FileNotFoundError:
                 pass
-
-    def __len__(self) -> int:
-        return SLOTS
 
     def close(self) -> None:
         for slot in range(SLOTS):
@@ -69,18 +68,12 @@ class SlotReader:
         """``load`` (marshal.loads) of the chunk in ``slot``; a new name is a slot the
         watching process grew: the old one is let go of."""
         shm = self._shm[slot]
-        if shm is None or shm.name.lstrip("/") != name.lstrip("/"):
+        if shm is None or shm.name != name:
             if shm is not None:
                 shm.close()
             shm = self._shm[slot] = _attach(name)
         with shm.buf[:length] as view:
             return load(view)
-
-    def close(self) -> None:
-        for shm in self._shm:
-            if shm is not None:
-                shm.close()
-        self._shm = [None] * SLOTS
 
 
 def _reserved(size: int) -> shared_memory.SharedMemory:

@@ -180,7 +180,6 @@ class WriterProcess:
         if slot is not None:
             try:
                 data = marshal.dumps(("slot", slot, *self._slots.put(slot, data)))
-                self._slots.next = (slot + 1) % len(self._slots)
             except OSError:  # no shared memory to be had (a full /dev/shm): the pipe
                 slot = None
         if self._send(data, rows):
