@@ -395,7 +395,9 @@ def main() -> None:
         f"replayed {result['recovered']} batches, lost {result['lost']}"
     )
     cpu = ", ".join(f"{name} {s:.2f}" for name, s in result["cpu"].items())
-    print(f"CPU s while recording ({result['elapsed']:.2f} s, the last write or two left out): {cpu}")
+    print(
+        f"CPU s while recording ({result['elapsed']:.2f} s, the last write or two left out): {cpu}"
+    )
     writer = (
         ""
         if result["writer_mib"] is None
