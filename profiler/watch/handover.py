@@ -75,6 +75,18 @@ class SlotReader:
         with shm.buf[:length] as view:
             return load(view)
 
+    def unlink(self) -> None:
+        """The watching process is gone: unlink the slots it owned here, rather than
+        leave them to the resource tracker, which warns of a leak as it does so."""
+        for shm in self._shm:
+            if shm is not None:
+                shm.close()
+                try:
+                    shm.unlink()
+                except FileNotFoundError:
+                    pass
+        self._shm = [None] * SLOTS
+
 
 def _reserved(size: int) -> shared_memory.SharedMemory:
     """A new segment whose memory is taken now: a tmpfs /dev/shm (64 MB in a default

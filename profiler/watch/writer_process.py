@@ -277,51 +277,70 @@ def _serve_until_finished(
     pipe.send(("ready", None))
     dropped = 0
     slots = SlotReader()
-    while True:
+    try:
+        while True:
+            try:
+                message = marshal.loads(pipe.recv_bytes())
+            except (EOFError, OSError) as exc:
+                raise _WatcherGone from exc
+            if message[0] == "slot":  # a large write, in shared memory
+                message = slots.read(*message[1:], marshal.loads)
+            kind = message[0]
+            if kind == "write":
+                _, fields, dropped = message
+                batch = WatchBatch(**dict(zip(_BATCH_FIELDS, fields, strict=True)))
+                try:
+                    writer.write(batch, dropped)
+                except Exception as exc:  # a full disk must not end the watch: counted, said
+                    _answer(pipe, ("failed", len(batch.blocks) + len(batch.raw), str(exc)))
+                    continue
+                if freeze_gc:
+                    gc.freeze()
+                _answer(pipe, ("written", writer.rows_written, len(batch.blocks) + len(batch.raw),
+                               writer.committed_at))  # fmt: skip
+            elif kind == "trim":
+                try:
+                    trimmed = writer.trim_raw(message[1])
+                except Exception:  # a busy or full disk: the next minute tries again
+                    trimmed = 0
+                _answer(pipe, ("trimmed", trimmed))
+            elif kind == "finish":
+                _, status, dropped = message
+                try:
+                    writer.finish(status, dropped)
+                    db.conn.close()
+                except Exception as exc:  # a full disk, a locked database: _serve says it
+                    raise KvscopeError(f"ending run {run_id} failed: {exc}") from exc
+                try:
+                    pipe.send(("finished", writer.rows_written))
+                except OSError:  # gone meanwhile: the run is ended all the same
+                    pass
+                # Everything is committed and closed: exit now rather than have the
+                # interpreter free the aggregates' state object by object on the way out
+                # (64 ms after a 1.2M-event burst, 163 ms after 6.1M, seconds after a
+                # long session's hundreds of MB), which the watching process's stop
+                # waited for.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)
+    except _WatcherGone:
+        # The watching process died, between writes or during one (its answer then
+        # finds the pipe closed): what was written stays, and the run says it did not
+        # end well, so a later watch of the same sources resumes it.
         try:
-            message = marshal.loads(pipe.recv_bytes())
-        except (EOFError, OSError):
-            # The watching process died: what was written stays, and the run says it
-            # did not end well (a later watch of the same sources resumes it).
-            try:
-                writer.finish(FAILED, dropped)
-                db.conn.close()
-            except Exception:
-                pass
-            return
-        if message[0] == "slot":  # a large write, in shared memory
-            message = slots.read(*message[1:], marshal.loads)
-        kind = message[0]
-        if kind == "write":
-            _, fields, dropped = message
-            batch = WatchBatch(**dict(zip(_BATCH_FIELDS, fields, strict=True)))
-            try:
-                writer.write(batch, dropped)
-            except Exception as exc:  # a full disk must not end the watch: counted, said
-                pipe.send(("failed", len(batch.blocks) + len(batch.raw), str(exc)))
-                continue
-            if freeze_gc:
-                gc.freeze()
-            written = ("written", writer.rows_written, len(batch.blocks) + len(batch.raw),
-                       writer.committed_at)  # fmt: skip
-            pipe.send(written)
-        elif kind == "trim":
-            try:
-                pipe.send(("trimmed", writer.trim_raw(message[1])))
-            except Exception:  # a busy or full disk: the next minute tries again
-                pipe.send(("trimmed", 0))
-        elif kind == "finish":
-            _, status, dropped = message
-            try:
-                writer.finish(status, dropped)
-                db.conn.close()
-            except Exception as exc:  # a full disk, a locked database: _serve says it
-                raise KvscopeError(f"ending run {run_id} failed: {exc}") from exc
-            pipe.send(("finished", writer.rows_written))
-            # Everything is committed and closed: exit now rather than have the
-            # interpreter free the aggregates' state object by object on the way out
-            # (64 ms after a 1.2M-event burst, 163 ms after 6.1M, seconds after a long
-            # session's hundreds of MB), which the watching process's stop waited for.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+            writer.finish(FAILED, dropped)
+            db.conn.close()
+        except Exception:
+            pass
+        slots.unlink()
+
+
+class _WatcherGone(Exception):
+    """The watching process is gone: its pipe closed under a read or an answer."""
+
+
+def _answer(pipe: Connection, message: tuple) -> None:
+    try:
+        pipe.send(message)
+    except (BrokenPipeError, EOFError, OSError) as exc:
+        raise _WatcherGone from exc

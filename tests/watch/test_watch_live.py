@@ -514,3 +514,39 @@ def test_a_dead_watching_process_leaves_its_run_failed_and_resumable(
     wait_until(gone, timeout_s=20)
     (stats,) = q.block_stats(db, 1)
     assert stats.stored == 2
+
+
+def test_a_watching_process_killed_mid_burst_leaves_its_run_failed_and_no_slots(
+    tmp_path: Path, publishers
+) -> None:
+    """kill -9 of kvscope watch while its writer process is busy with a burst's chunks
+    (handed over in shared memory): the writer's next answer finds the pipe closed,
+    and it marks the run failed and unlinks the slots, as when it sees the pipe close
+    between writes. (Before, its answer's broken pipe ended it with the run left
+    'running', which a later watch does not resume.)"""
+    import signal
+    import subprocess
+    import sys
+
+    shm = Path("/dev/shm")
+    before = set(shm.iterdir()) if shm.is_dir() else set()
+    pub = publishers()
+    db = tmp_path / "w.db"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WATCHER, str(db), pub.endpoint],
+        cwd=root, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    int(proc.stdout.readline())
+    pub.wait_for_subscribers()
+    for i in range(20_000):
+        pub.publish([vllm_stored(list(range(16 * i + 1, 16 * i + 17)))])
+    wait_until(lambda: _rows(db, "SELECT COUNT(*) FROM watch_blocks")[0][0] > 2000, timeout_s=30)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    wait_until(lambda: _rows(db, "SELECT status FROM runs") == [("failed",)], timeout_s=30)
+    (stats,) = q.block_stats(db, 1)
+    written = _rows(db, "SELECT COUNT(*) FROM watch_blocks")[0][0]
+    assert stats.stored == 16 * written < 16 * 20_000  # the aggregates are the rows'
+    if shm.is_dir():
+        wait_until(lambda: set(shm.iterdir()) <= before, timeout_s=20)
