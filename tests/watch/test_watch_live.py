@@ -480,23 +480,30 @@ time.sleep(600)
 """
 
 
+def _watcher(db: Path, endpoint: str):
+    """``kvscope watch`` of ``endpoint`` into ``db`` as a process of its own, as a user
+    runs it: (that process, its writer process's pid)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WATCHER, str(db), endpoint],
+        cwd=root, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    return proc, int(proc.stdout.readline())
+
+
 def test_a_dead_watching_process_leaves_its_run_failed_and_resumable(
     tmp_path: Path, publishers
 ) -> None:
     """kill -9 of kvscope watch: its writer process sees the pipe close, marks the run
     failed (a later watch of the same sources resumes it) and exits."""
     import signal
-    import subprocess
-    import sys
 
     pub = publishers()
     db = tmp_path / "w.db"
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _WATCHER, str(db), pub.endpoint],
-        cwd=root, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    child = int(proc.stdout.readline())
+    proc, child = _watcher(db, pub.endpoint)
     pub.wait_for_subscribers()
     pub.publish([vllm_stored([1, 2])])
     wait_until(lambda: _rows(db, "SELECT COUNT(*) FROM watch_blocks") == [(1,)], timeout_s=20)
@@ -525,19 +532,12 @@ def test_a_watching_process_killed_mid_burst_leaves_its_run_failed_and_no_slots(
     between writes. (Before, its answer's broken pipe ended it with the run left
     'running', which a later watch does not resume.)"""
     import signal
-    import subprocess
-    import sys
 
     shm = Path("/dev/shm")
     before = set(shm.iterdir()) if shm.is_dir() else set()
     pub = publishers()
     db = tmp_path / "w.db"
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _WATCHER, str(db), pub.endpoint],
-        cwd=root, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    int(proc.stdout.readline())
+    proc, _ = _watcher(db, pub.endpoint)
     pub.wait_for_subscribers()
     for i in range(20_000):
         pub.publish([vllm_stored(list(range(16 * i + 1, 16 * i + 17)))])
