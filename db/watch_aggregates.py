@@ -56,7 +56,7 @@ from operator import sub
 
 import numpy as np
 
-from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_RESET, OP_STORED
+from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_RESET, OP_STORED, table_columns
 
 BUCKET_WIDTHS_S = (1, 60, 3600)
 # Removals the fleet remembers, all sources together, to recognise a hash stored again
@@ -992,8 +992,7 @@ def _stats_sql(conn: sqlite3.Connection, run_id: int) -> tuple[str, bool]:
     """The upsert of a source's stats (``STAT_COLUMNS``, then its forgotten removals)
     and whether it writes the forgotten ones: only where ``watch_source_stats`` has
     their column (schema v9; migrations 6 and 8 fold runs before it exists)."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(watch_source_stats)")}
-    forgotten = "forgotten_removals" in columns
+    forgotten = "forgotten_removals" in table_columns(conn, "watch_source_stats")
     names = ", ".join(STAT_COLUMNS) + (", forgotten_removals" if forgotten else "")
     values = ", ".join("?" * (len(STAT_COLUMNS) + forgotten))
     return (
@@ -1007,14 +1006,13 @@ def _series_sql(conn: sqlite3.Connection, run_id: int) -> tuple[str, int]:
     """The upsert of series deltas and how many of an entry's counts it writes: all
     seven, or the first five where ``watch_series`` is older than schema v8 (migration
     6 folds runs before migration 8 adds the columns, and folds them again)."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(watch_series)")}
     sql = (
         "ON CONFLICT DO UPDATE SET stored = stored + excluded.stored, "
         "removed = removed + excluded.removed, live = excluded.live, "
         "recomputed = recomputed + excluded.recomputed, "
         "routing_misses = routing_misses + excluded.routing_misses"
     )
-    if "new_blocks" not in columns:
+    if "new_blocks" not in table_columns(conn, "watch_series"):
         return f"INSERT INTO watch_series VALUES ({run_id}, {', '.join('?' * 9)}) {sql}", 5
     return (
         f"INSERT INTO watch_series (run_id, {SERIES_COLUMNS}) VALUES ({run_id}, "

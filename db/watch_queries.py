@@ -29,6 +29,7 @@ from db.watch_aggregates import (
     STAT_COLUMNS,
     bin_edges_s,
 )
+from db.watch_schema import table_columns
 
 # /metrics names per figure and engine kind (see docs/watch.md).
 METRIC_NAMES: dict[str, dict[str, str]] = {
@@ -470,10 +471,7 @@ def block_stats(source: Source, run_id: int, window: Window | None = None) -> li
     with connection(source) as conn:
         names = ", ".join(STAT_COLUMNS)
         # schema v9's column; a file older than that opened read-only has none
-        has_forgotten = any(
-            c[1] == "forgotten_removals"
-            for c in conn.execute("PRAGMA table_info(watch_source_stats)")
-        )
+        has_forgotten = "forgotten_removals" in table_columns(conn, "watch_source_stats")
         forgotten = ", forgotten_removals" if has_forgotten else ", 0"
         rows = conn.execute(
             f"SELECT source, {names}{forgotten} FROM watch_source_stats WHERE run_id = ? "

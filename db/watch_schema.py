@@ -11,6 +11,8 @@ would cost several times the insert rate at fleet scale); the view
 
 from __future__ import annotations
 
+import sqlite3
+
 from sqlite_utils import Database
 
 WATCH_KIND = "watch"
@@ -64,6 +66,12 @@ SOURCE_COUNTERS = (
     "bad_messages",
     "attrs",
 )
+
+
+def table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    """The columns ``table`` has in this file: a file opened read-only, or folded
+    by a migration before a later one adds a column, may lack the newest."""
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
 
 
 def drop_raw_run_index(db: Database) -> None:

@@ -15,6 +15,7 @@ which the writer does after reading it out. The writer only attaches.
 
 from __future__ import annotations
 
+import marshal
 import os
 from multiprocessing import shared_memory
 
@@ -64,16 +65,16 @@ class SlotReader:
     def __init__(self) -> None:
         self._shm: list[shared_memory.SharedMemory | None] = [None] * SLOTS
 
-    def read(self, slot: int, name: str, length: int, load) -> object:
-        """``load`` (marshal.loads) of the chunk in ``slot``; a new name is a slot the
-        watching process grew: the old one is let go of."""
+    def read(self, slot: int, name: str, length: int) -> object:
+        """The message marshalled into ``slot``; a new name is a slot the watching
+        process grew: the old one is let go of."""
         shm = self._shm[slot]
         if shm is None or shm.name != name:
             if shm is not None:
                 shm.close()
             shm = self._shm[slot] = _attach(name)
         with shm.buf[:length] as view:
-            return load(view)
+            return marshal.loads(view)
 
     def unlink(self) -> None:
         """The watching process is gone: unlink the slots it owned here, rather than

@@ -284,20 +284,20 @@ def _serve_until_finished(
             except (EOFError, OSError) as exc:
                 raise _WatcherGone from exc
             if message[0] == "slot":  # a large write, in shared memory
-                message = slots.read(*message[1:], marshal.loads)
+                message = slots.read(*message[1:])
             kind = message[0]
             if kind == "write":
                 _, fields, dropped = message
                 batch = WatchBatch(**dict(zip(_BATCH_FIELDS, fields, strict=True)))
+                rows = len(batch.blocks) + len(batch.raw)
                 try:
                     writer.write(batch, dropped)
                 except Exception as exc:  # a full disk must not end the watch: counted, said
-                    _answer(pipe, ("failed", len(batch.blocks) + len(batch.raw), str(exc)))
+                    _answer(pipe, ("failed", rows, str(exc)))
                     continue
                 if freeze_gc:
                     gc.freeze()
-                _answer(pipe, ("written", writer.rows_written, len(batch.blocks) + len(batch.raw),
-                               writer.committed_at))  # fmt: skip
+                _answer(pipe, ("written", writer.rows_written, rows, writer.committed_at))
             elif kind == "trim":
                 try:
                     trimmed = writer.trim_raw(message[1])
