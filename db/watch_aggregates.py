@@ -50,7 +50,7 @@ import math
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from itertools import repeat
 from operator import sub
 
@@ -280,22 +280,43 @@ def _hang(tree: _Tree, parent: int | None) -> int:
 
 class _Tree:
     """The prefix tree of one engine kind: every block ever stored, by its parent,
-    and which sources hold each block now (the fleet's duplication)."""
+    and which sources hold each block now (the fleet's duplication).
 
-    __slots__ = ("nodes", "held", "branch_points", "roots", "max_depth", "duplicated", "extra",
-                 "peak")  # fmt: skip
+    Who holds a block is kept in ``held`` only for blocks two or more sources have
+    stored (their node's bits): a block one source alone ever stored is held by
+    that source exactly while one of its shelves holds it (``holders``). Most blocks
+    are one source's, so most stores and removals touch no fleet-wide dict."""
+
+    __slots__ = ("nodes", "held", "by_bit", "branch_points", "roots", "max_depth", "duplicated",
+                 "extra", "peak")  # fmt: skip
 
     def __init__(self) -> None:
         # hash -> [parent, depth, children, subtree size, sources that stored it (bits)],
         # or the _Chain it is part of
         self.nodes: dict[int, list | _Chain] = {}
-        self.held: dict[int, int] = {}  # hash -> sources holding it now (bits), never 0
+        # hash -> sources holding it now (bits), never 0: of hashes >= 2 sources stored
+        self.held: dict[int, int] = {}
+        self.by_bit: dict[int, _Source] = {}  # the tree's sources, by their bit
         self.branch_points: set[int] = set()
         self.roots = 0
         self.max_depth = 0
         self.duplicated = 0  # hashes held by >= 2 sources now
         self.extra = 0  # copies beyond the first, across sources
         self.peak = 0
+
+    def holders(self, block: int, stored_by: int) -> int:
+        """The sources holding ``block`` now (bits), given those that stored it."""
+        if stored_by & (stored_by - 1):
+            return self.held.get(block, 0)
+        src = self.by_bit.get(stored_by)
+        return stored_by if src is not None and block in src.all_held() else 0
+
+    def stored_by(self, block: int) -> int:
+        """The sources that stored ``block`` (bits; 0: none, or the tree forgot it)."""
+        node = self.nodes.get(block)
+        if node is None:
+            return 0
+        return node.bits if node.__class__ is _Chain else node[4]
 
 
 class FleetState:
@@ -338,9 +359,11 @@ class FleetState:
     def add_source(self, index: int, engine: str | None) -> None:
         src = self.sources.get(index)
         if src is None:
-            self.sources[index] = _Source(index, engine or "", self._tree(engine or ""))
+            src = self.sources[index] = _Source(index, engine or "", self._tree(engine or ""))
         elif engine and src.engine != engine and not src.shelves:
+            del src.tree.by_bit[src.bit]
             src.engine, src.tree = engine, self._tree(engine)
+        src.tree.by_bit[src.bit] = src
 
     def _source(self, index: int) -> _Source:
         src = self.sources.get(index)
@@ -478,22 +501,23 @@ class FleetState:
             if removed_at is not None:
                 run[2] += 1
                 src.hist["restore_gap"].append(ts_ns - removed_at)
-            held = tree.held
-            mask = held.get(block, 0) & ~bit
-            if mask:
-                run[3] += 1  # another source of this engine kind holds it
-                if removed_at is not None:
-                    run[5] += 1
-                tree.extra += 1
-                if mask & (mask - 1) == 0:
-                    tree.duplicated += 1
-            held[block] = mask | bit
             nodes = tree.nodes
             node = nodes.get(block)
             if node is not None:
                 if node.__class__ is _Chain:
                     node = _unchain(nodes, node, block)
-                node[4] |= bit
+                stored_by = node[4]
+                if stored_by != bit:  # another source stored it: the fleet keeps its holders
+                    mask = tree.holders(block, stored_by) & ~bit
+                    if mask:
+                        run[3] += 1  # another source of this engine kind holds it
+                        if removed_at is not None:
+                            run[5] += 1
+                        tree.extra += 1
+                        if mask & (mask - 1) == 0:
+                            tree.duplicated += 1
+                    tree.held[block] = mask | bit
+                    node[4] = stored_by | bit
                 return
             depth = _hang(tree, parent if parent != block else None) + 1
             if depth > tree.max_depth:
@@ -518,7 +542,6 @@ class FleetState:
                     for h in evicted.keys() & hashes:
                         restore.append(ts_ns - evicted.pop(h))
                         recomputed += 1
-                tree.held.update(zip(hashes, repeat(bit)))
                 run[0] += n
                 run[2] += recomputed
                 run[4] += n
@@ -544,26 +567,14 @@ class FleetState:
                         for h in back:
                             restore.append(ts_ns - evicted.pop(h))
                         recomputed = len(back)
-                held = tree.held
-                if not held or held.keys().isdisjoint(hashes):
-                    held.update(zip(hashes, repeat(bit)))
-                else:
-                    for h in hashes:
-                        mask = held.get(h, 0) & ~bit
-                        if mask:
-                            routing += 1  # another source of this engine kind holds it
-                            if back and h in back:
-                                both += 1
-                            tree.extra += 1
-                            if mask & (mask - 1) == 0:
-                                tree.duplicated += 1
-                        held[h] = mask | bit
+                # the fleet's holders of blocks other sources stored: kept as it grows
+                routing, both = self._grow(tree, hashes, parent, bit, distinct=True,
+                                           back=back or ())  # fmt: skip
                 run[0] += n
                 run[2] += recomputed
                 run[3] += routing
                 run[4] += n
                 run[5] += both
-                self._grow(tree, hashes, parent, bit, distinct=True)
                 return
             for h in hashes:  # a hash twice in the event: undone, and taken block by block
                 born.pop(h, None)
@@ -577,7 +588,6 @@ class FleetState:
         on_source, counts, evicted = src.on_source, src.counts, src.evicted
         reuse, restore = src.hist["reuse_gap"], src.hist["restore_gap"]
         tree, bit = src.tree, src.bit
-        held = tree.held
         recomputed = routing = both = new = reannounced = copies = 0
         for block in hashes:
             stored_at = born.get(block)
@@ -601,18 +611,20 @@ class FleetState:
                     continue  # on another medium or group of this source already
             new += 1
             removed_at = evicted.pop(block, None) if evicted else None
-            mask = held.get(block, 0) & ~bit
             if removed_at is not None:
                 recomputed += 1
                 restore.append(ts_ns - removed_at)
-            if mask:
-                routing += 1  # another source of this engine kind holds it
-                if removed_at is not None:
-                    both += 1
-                tree.extra += 1
-                if mask & (mask - 1) == 0:
-                    tree.duplicated += 1
-            held[block] = mask | bit
+            stored_by = tree.stored_by(block)  # its node's bits: _grow adds ours after
+            if stored_by and stored_by != bit:
+                mask = tree.holders(block, stored_by) & ~bit
+                if mask:
+                    routing += 1  # another source of this engine kind holds it
+                    if removed_at is not None:
+                        both += 1
+                    tree.extra += 1
+                    if mask & (mask - 1) == 0:
+                        tree.duplicated += 1
+                tree.held[block] = mask | bit
         shelf.copies += copies
         counts[_REANNOUNCED] += reannounced
         run[0] += len(hashes)
@@ -622,16 +634,19 @@ class FleetState:
         run[5] += both
 
     def _grow(self, tree: _Tree, hashes: list[int], parent: int | None, bit: int, *,
-              distinct: bool = False) -> None:  # fmt: skip
+              distinct: bool = False, back: Collection[int] | None = None) -> tuple[int, int]:  # fmt: skip
         """The prefix tree: every block ever stored, chained to its parent (``distinct``:
-        no hash twice in ``hashes``)."""
+        no hash twice in ``hashes``). With ``back`` (those of them the source had
+        removed), every block is new on the source, and the fleet's holders of those
+        other sources stored are kept here, on the way: returns (routing misses, of
+        them in ``back``)."""
         nodes = tree.nodes
         n = len(hashes)
         if nodes.keys().isdisjoint(hashes) and (distinct or len(set(hashes)) == n):
             self._new_chain(tree, hashes, parent, bit)
-            return
+            return 0, 0
         chain = []
-        created = 0
+        created = routing = both = 0
         par = parent
         for block in hashes:
             node = nodes.get(block)
@@ -644,11 +659,23 @@ class FleetState:
                 node = nodes[block] = [par, depth, 0, 0, bit]  # subtree 0: new
                 created += 1
             else:
-                node[4] |= bit
+                stored_by = node[4]
+                if stored_by != bit:
+                    if back is not None:
+                        mask = tree.holders(block, stored_by) & ~bit
+                        if mask:
+                            routing += 1  # another source of this engine kind holds it
+                            if block in back:
+                                both += 1
+                            tree.extra += 1
+                            if mask & (mask - 1) == 0:
+                                tree.duplicated += 1
+                        tree.held[block] = mask | bit
+                    node[4] = stored_by | bit
             chain.append(node)
             par = block
         if not created:
-            return
+            return routing, both
         added = 0
         # Only nodes made by this call have a subtree of 0.
         for node in reversed(chain):
@@ -656,6 +683,7 @@ class FleetState:
             node[3] += added + fresh
             added += fresh
         self._above(tree, chain[0][0], added)
+        return routing, both
 
     def _new_chain(self, tree: _Tree, hashes: list[int], parent: int | None, bit: int) -> None:
         """``hashes``, none in the tree and none twice, as a chain of new blocks, made in
@@ -724,7 +752,7 @@ class FleetState:
                     self._forget()
                 tree, bit = src.tree, src.bit
                 held = tree.held
-                mask = held.get(block, 0)
+                mask = held.get(block, 0) if held else 0
                 if mask == bit:
                     del held[block]
                 elif mask & bit:
@@ -758,13 +786,13 @@ class FleetState:
                 self._remembered += n
                 if self._remembered > EVICTED_MEMORY:
                     self._forget()
-                tree, bit = src.tree, src.bit
-                held = tree.held
-                masks = list(map(held.pop, hashes))
-                if masks.count(bit) != n:  # some are held by other sources too
-                    for h, mask in zip(hashes, masks, strict=True):
-                        mask &= ~bit
-                        if mask:
+                tree = src.tree
+                held = tree.held  # only blocks other sources stored too are in it
+                if held and not held.keys().isdisjoint(hashes):
+                    bit = src.bit
+                    for h in hashes:
+                        mask = held.pop(h, 0) & ~bit
+                        if mask:  # another source holds it still
                             held[h] = mask
                             tree.extra -= 1
                             if mask & (mask - 1) == 0:
@@ -866,7 +894,7 @@ class FleetState:
         src.counts[_CLEARS if op == OP_CLEARED else _RESETS] += 1
         tree, bit = src.tree, src.bit
         held = tree.held
-        for block in src.all_held():
+        for block in src.all_held() if held else ():
             mask = held.get(block, 0)
             if mask & bit:
                 mask &= ~bit
@@ -1032,18 +1060,22 @@ def _prune(tree: _Tree, count: int) -> None:
     whole, unmade: taking only its last block, and making its nodes to do so, had
     pruned one block in a chain's length and kept the tree growing, each persist
     scanning it all."""
-    nodes, held = tree.nodes, tree.held
+    nodes, by_bit = tree.nodes, tree.by_bit
     gone: list[int] = []
     chains: list[_Chain] = []
     taken = 0
     for block, node in nodes.items():
         if node.__class__ is _Chain:
             hashes = node.hashes
-            if block != hashes[0] or (held and not held.keys().isdisjoint(hashes)):
+            if block != hashes[0]:
                 continue  # a chain is taken at its first block, whole
+            # one source stored it (another's store of a block would have made its nodes)
+            src = by_bit.get(node.bits)
+            if src is not None and not src.all_held().keys().isdisjoint(hashes):
+                continue
             chains.append(node)
             taken += len(hashes)
-        elif not node[2] and block not in held:
+        elif not node[2] and not tree.holders(block, node[4]):
             gone.append(block)
             taken += 1
         else:

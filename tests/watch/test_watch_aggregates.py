@@ -141,8 +141,11 @@ def _reference(rows: list[tuple]) -> dict[int, dict[str, int]]:
                         continue  # re-announced: no new copy
                 elif not held(src, h):
                     stats["new"] += 1
-                    stats["recomputed"] += h in removed[src]
-                    stats["routing"] += any(held(o, h) for o in list(copies) if o != src)
+                    recomputed = h in removed[src]
+                    routing = any(held(o, h) for o in list(copies) if o != src)
+                    stats["recomputed"] += recomputed
+                    stats["routing"] += routing
+                    stats["both"] += recomputed and routing
                     removed[src].discard(h)
                 if not copies[src][key]:
                     born[src][key] = ts
@@ -158,6 +161,15 @@ def _reference(rows: list[tuple]) -> dict[int, dict[str, int]]:
                     removed[src].add(h)
     for src in out:
         out[src]["live"] = sum(1 for n in copies[src].values() if n)
+    holders: dict[int, int] = defaultdict(int)  # hash -> sources holding it on any medium
+    for held_copies in copies.values():
+        for h in {x for (_, x), n in held_copies.items() if n}:
+            holders[h] += 1
+    # the fleet now: hashes held by >= 2 sources, copies beyond the first across sources
+    out[-1] = {
+        "duplicated": sum(1 for n in holders.values() if n >= 2),
+        "extra": sum(n - 1 for n in holders.values()),
+    }
     return out
 
 
@@ -182,17 +194,33 @@ def _random_fleet(seed: int, n: int = 3000) -> list[tuple]:
     return rows
 
 
+@pytest.mark.parametrize("fleet", ["_random_fleet", "_usual_fleet"])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_aggregates_equal_the_definitions_on_a_random_fleet(tmp_path: Path, seed: int) -> None:
-    rows = _random_fleet(seed)
+def test_aggregates_equal_the_definitions_on_a_random_fleet(
+    tmp_path: Path, fleet: str, seed: int
+) -> None:
+    """Two random fleets: any event on few hashes and two media (the fold's block-by-block
+    paths), and GPU-only fresh chains, some stored again or on another source (its
+    whole-event paths)."""
+    rows = globals()[fleet](seed)
     db, writer, run_id = _run(tmp_path / "w.db", sources=4)
     for start in range(0, len(rows), 700):
         writer.write(WatchBatch(blocks=rows[start : start + 700]))
+        # the fleet's duplication after each write: its holders as the rows so far say
+        fleet = _reference(rows[: start + 700])[-1]
+        assert db.execute(
+            "SELECT duplicated, extra_copies FROM watch_fleet WHERE run_id = ?", (run_id,)
+        ).fetchone() == (fleet["duplicated"], fleet["extra"]), start
     writer.finish("complete", 0)
     truth = _reference(rows)
+    del truth[-1]
     got = {s.source: s for s in q.block_stats(db, run_id)}
+    both = dict(db.execute("SELECT source, both_misses FROM watch_source_stats WHERE run_id = ?",
+                           (run_id,)))  # fmt: skip
+    assert sum(want["both"] for want in truth.values()) > 0
     for src, want in truth.items():
         s = got[src]
+        assert both[src] == want["both"], src
         assert (s.new_blocks, s.recomputed, s.routing_misses, s.reannounced) == (
             want["new"],
             want["recomputed"],
@@ -598,6 +626,16 @@ def _usual_fleet(seed: int, steps: int = 1500) -> list[tuple]:
         elif pick < 0.2 and held[(src + 1) % 4]:
             hashes = [rng.choice(held[(src + 1) % 4])]  # another source holds it
             if hashes[0] in held[src]:
+                continue
+        elif pick < 0.3:
+            # a chain of both: some stored again, one another source holds, new ones
+            hashes = [gone[src].pop() for _ in range(min(len(gone[src]), rng.randint(0, 3)))]
+            other = held[(src + 1) % 4]
+            if other:
+                hashes.append(rng.choice(other))
+            hashes += range(fresh, fresh + rng.randint(0, 3))
+            fresh += 3
+            if not hashes or len(set(hashes)) < len(hashes) or set(hashes) & set(held[src]):
                 continue
         else:
             hashes = list(range(fresh, fresh + rng.randint(1, 8)))
