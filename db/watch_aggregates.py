@@ -255,27 +255,37 @@ def _unchain(nodes: dict[int, list | _Chain], chain: _Chain, block: int) -> list
     n = len(hashes)
     depth, bits = chain.depth, chain.bits
     up = chain.parent
+    above = None  # the first block's parent node: looked up when walked to
     for i, h in enumerate(hashes):
         if nodes.get(h) is chain:
-            nodes[h] = [up, depth + i + 1, 1 if i < n - 1 else 0, n - i, bits]
+            above = nodes[h] = [up, depth + i + 1, 1 if i < n - 1 else 0, n - i, bits, above]
+        else:
+            above = None
         up = h
     return nodes[block]
 
 
-def _hang(tree: _Tree, parent: int | None) -> int:
+def _parent_node(nodes: dict[int, list | _Chain], parent: int) -> list | None:
+    node = nodes.get(parent)
+    if node.__class__ is _Chain:
+        node = _unchain(nodes, node, parent)
+    return node
+
+
+def _hang(tree: _Tree, parent: int | None) -> list | None:
     """One more child under ``parent`` in ``tree`` (its node made from its chain if need
-    be): the parent's depth, or 0 when it is not in the tree, and the child a new root."""
+    be): the parent's node, or None when it is not in the tree, and the child a new root."""
     nodes = tree.nodes
     above = nodes.get(parent) if parent is not None else None
     if above.__class__ is _Chain:
         above = _unchain(nodes, above, parent)
     if above is None:
         tree.roots += 1
-        return 0
+        return None
     above[2] += 1
     if above[2] == 2:
         tree.branch_points.add(parent)
-    return above[1]
+    return above
 
 
 class _Tree:
@@ -291,8 +301,11 @@ class _Tree:
                  "extra", "peak")  # fmt: skip
 
     def __init__(self) -> None:
-        # hash -> [parent, depth, children, subtree size, sources that stored it (bits)],
-        # or the _Chain it is part of
+        # hash -> [parent, depth, children, subtree size, sources that stored it (bits),
+        # parent's node (None where it was not made with it: a chain's first block, a
+        # root)], or the _Chain it is part of. The parent's node spares a walk up the
+        # tree (every block stored adds to its ancestors' subtree sizes) a dict lookup
+        # a step: a multi-turn session's chain is hundreds of blocks deep.
         self.nodes: dict[int, list | _Chain] = {}
         # hash -> sources holding it now (bits), never 0: of hashes >= 2 sources stored
         self.held: dict[int, int] = {}
@@ -519,13 +532,14 @@ class FleetState:
                     tree.held[block] = mask | bit
                     node[4] = stored_by | bit
                 return
-            depth = _hang(tree, parent if parent != block else None) + 1
+            above = _hang(tree, parent if parent != block else None)
+            depth = 1 if above is None else above[1] + 1
             if depth > tree.max_depth:
                 tree.max_depth = depth
-            nodes[block] = [parent, depth, 0, 1, bit]
+            nodes[block] = [parent, depth, 0, 1, bit, above]
             self._prefixes_dirty = True
-            if depth > 1:
-                self._above(tree, parent, 1)
+            if above is not None:
+                self._above(tree, above, 1)
             return
         # New content (a prompt's prefill): blocks the prefix tree has never seen, so
         # neither this shelf nor any source holds one (held ⊆ nodes, born ⊆ held; the
@@ -653,10 +667,11 @@ class FleetState:
             if node.__class__ is _Chain:
                 node = _unchain(nodes, node, block)
             if node is None:
-                depth = _hang(tree, par if par != block else None) + 1
+                above = _hang(tree, par if par != block else None)
+                depth = 1 if above is None else above[1] + 1
                 if depth > tree.max_depth:
                     tree.max_depth = depth
-                node = nodes[block] = [par, depth, 0, 0, bit]  # subtree 0: new
+                node = nodes[block] = [par, depth, 0, 0, bit, above]  # subtree 0: new
                 created += 1
             else:
                 stored_by = node[4]
@@ -682,7 +697,13 @@ class FleetState:
             fresh = node[3] == 0
             node[3] += added + fresh
             added += fresh
-        self._above(tree, chain[0][0], added)
+        self._prefixes_dirty = True
+        first = chain[0]
+        up = first[5]
+        if up is None and first[0] is not None:  # its parent made after it, or in a chain
+            up = _parent_node(nodes, first[0])
+        if up is not None:
+            self._above(tree, up, added)
         return routing, both
 
     def _new_chain(self, tree: _Tree, hashes: list[int], parent: int | None, bit: int) -> None:
@@ -690,29 +711,34 @@ class FleetState:
         C: block i's parent is block i-1, it has one child (the last none) and n - i
         blocks under it."""
         n = len(hashes)
-        depth = _hang(tree, parent)
+        above = _hang(tree, parent)
+        depth = 0 if above is None else above[1]
         if depth + n > tree.max_depth:
             tree.max_depth = depth + n
         tree.nodes.update(zip(hashes, repeat(_Chain(parent, depth, hashes, bit))))
-        if depth:
-            self._above(tree, parent, n)
+        if above is not None:
+            self._above(tree, above, n)
         else:  # a root: nothing above to count it in
             self._prefixes_dirty = True
 
-    def _above(self, tree: _Tree, up: int | None, added: int) -> None:
-        """``added`` blocks more under ``up`` and each of its ancestors."""
+    def _above(self, tree: _Tree, node: list, added: int) -> None:
+        """``added`` blocks more under ``node`` and each of its ancestors: up the parent
+        nodes a node keeps, or by the parent's hash where it keeps none (a chain's first
+        block, a root whose parent came later)."""
         self._prefixes_dirty = True
         nodes = tree.nodes
         steps, limit = 0, len(nodes)
-        while up is not None and steps <= limit:  # the limit: a cycle of hashes stops
-            node = nodes.get(up)
-            if node.__class__ is _Chain:
-                node = _unchain(nodes, node, up)
-            if node is None:
-                break
+        while steps <= limit:  # the limit: a cycle of hashes stops
             node[3] += added
-            up = node[0]
             steps += 1
+            up = node[5]
+            if up is None:
+                if node[0] is None:
+                    return
+                up = _parent_node(nodes, node[0])
+                if up is None:
+                    return
+            node = up
 
     def _remove(self, src: _Source, ts_ns: int, hashes: list[int], m: str, g: int,
                 run: list[int]) -> None:  # fmt: skip

@@ -551,6 +551,76 @@ def test_chains_nobody_touched_are_pruned_and_grown_as_nodes(tmp_path, monkeypat
     assert (top.block_hash, top.depth_blocks, top.branches, top.subtree_blocks) == (21, 2, 2, 3)
 
 
+def _subtree_reference(rows: list[tuple]) -> dict[int, int]:
+    """Every block's subtree size by its definition, with a plain dict and walks up by
+    the parent's hash: a store's blocks are a path (block i under block i-1, the first
+    under the event's parent), each new one counted in every block above it on that
+    path and in the tree (a block already there keeps its own parent)."""
+    parent_of: dict[int, int | None] = {}
+    size: dict[int, int] = {}
+    for _, _, _, op, text, parent, *_ in rows:
+        if op != OP_STORED:
+            continue
+        path, up = [], parent
+        for h in (int(x) for x in text.strip("[]").split(",")):
+            if h not in size:
+                parent_of[h], size[h] = (up if up != h else None), 0
+                for above in path:  # this event's blocks before it
+                    size[above] += 1
+                size[h] += 1
+                walk, steps = parent_of[path[0]] if path else parent_of[h], 0
+                while walk is not None and walk in size and steps <= len(size):
+                    size[walk] += 1
+                    walk, steps = parent_of[walk], steps + 1
+            path.append(h)
+            up = h
+    return size
+
+
+def test_subtree_sizes_are_the_blocks_stored_under_each_block() -> None:
+    """Stores under roots, under blocks deep in other chains (made into nodes), under
+    parents not yet seen (roots whose parent is stored later) and of blocks already
+    in the tree: every block's subtree size, walked up by parent nodes or by hash."""
+    rng = random.Random(5)
+    rows, known, fresh = [], [], 1
+    announced = iter(range(10**6, 2 * 10**6))
+    unseen: list[int] = []  # parents named before they are stored (as roots: no cycle)
+    for step in range(1500):
+        pick = rng.random()
+        parent = None
+        if pick < 0.08 and unseen:
+            hashes = [unseen.pop(0)]
+        else:
+            if pick < 0.2:
+                parent = next(announced)
+                unseen.append(parent)
+            elif pick < 0.85 and known:
+                parent = rng.choice(known[-200:])
+            hashes = list(range(fresh, fresh + rng.randint(1, 6)))
+            fresh += len(hashes)
+        if known and rng.random() < 0.2:
+            hashes.insert(rng.randrange(len(hashes) + 1), rng.choice(known))  # one known
+        known += hashes
+        rows.append(_row(step % 2, step * 0.01, OP_STORED, hashes, parent=parent))
+    state = agg.FleetState(1, 0)
+    for source in range(2):
+        state.add_source(source, "vllm")
+    for start in range(0, len(rows), 300):
+        state.apply(rows[start : start + 300])
+    want = _subtree_reference(rows)
+    nodes = state.trees["vllm"].nodes
+
+    def size(h: int) -> int:
+        node = nodes[h]
+        if node.__class__ is agg._Chain:  # untouched: the chain's blocks below it
+            return len(node.hashes) - node.hashes.index(h)
+        return node[3]
+
+    assert len(nodes) == len(want) > 4000
+    assert max(want.values()) > 50  # deep paths were walked
+    assert {h: size(h) for h in nodes} == want
+
+
 def test_keep_raw_trims_raw_rows_and_the_aggregates_survive(tmp_path: Path) -> None:
     path = tmp_path / "w.db"
     db, writer, run_id = _run(path, sources=2)
