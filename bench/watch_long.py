@@ -46,7 +46,7 @@ CAPACITY = 30_000  # GPU blocks per rank
 BLOCK_SIZE = 16
 PREFIXES = 48  # system prompts shared by every rank
 FLEET_RATE = 1_150  # block events/s of the whole fleet: 4.1M is about an hour
-GENERATOR = 4  # bump when the generated stream changes (the kept files are rebuilt)
+GENERATOR = 5  # bump when the generated stream changes (the kept files are rebuilt)
 
 
 def _hash(rng: random.Random) -> int:
@@ -67,13 +67,11 @@ class Fleet:
     def request(self, rank: int, events: list[tuple]) -> None:
         """One request on ``rank``: its chain's uncached blocks stored, LRU evicted."""
         rng = self.rng
-        if self.sessions and rng.random() < 0.45:
-            i = rng.randrange(len(self.sessions))
+        i = self._returning(rank) if self.sessions and rng.random() < 0.45 else None
+        if i is not None:
             home, chain = self.sessions[i]
             chain = chain + [_hash(rng) for _ in range(rng.randint(2, 12))]
             self.sessions[i] = (home, chain)
-            if rng.random() < 0.8:
-                rank = home  # the router kept the session on its rank; else a routing miss
         else:
             chain = self.prefixes[rng.randrange(PREFIXES)] + [
                 _hash(rng) for _ in range(rng.randint(4, 40))
@@ -102,6 +100,19 @@ class Fleet:
             evicted.append(cache.popitem(last=False)[0])
         for start in range(0, len(evicted), 16):
             events.append((OP_REMOVED, evicted[start : start + 16], None))
+
+    def _returning(self, rank: int) -> int | None:
+        """A session coming back, served by ``rank``: mostly one whose home it is (the
+        router keeps a session on its rank), one in five wherever it lives (a routing
+        miss when that is another rank); None: a new session instead."""
+        rng = self.rng
+        if rng.random() < 0.2:
+            return rng.randrange(len(self.sessions))
+        for _ in range(24):
+            i = rng.randrange(len(self.sessions))
+            if self.sessions[i][0] == rank:
+                return i
+        return None
 
     def batches(self, total: int, resets: int = 3):
         """(source, seq, ts_s, events) per rank step until ``total`` block events."""
