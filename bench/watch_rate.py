@@ -49,14 +49,33 @@ from pathlib import Path
 
 import common  # noqa: F401  (sets the import path)
 import msgpack
+import watch_long
 import zmq
 
 from app.progress import Progress
+from db.watch_schema import OP_REMOVED, OP_STORED
 from profiler.watch.publisher import EventPublisher
 from profiler.watch.session import WatchSession
 from profiler.watch.sources import expand_sources
 
 FLUSH_AT = 2000  # batches a transaction: the recorder's flush_at
+
+
+def _stored(hashes: list[int], parent: int | None) -> dict:
+    """A BlockStored as vLLM sends it (unsigned hashes)."""
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": [],
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "extra_keys": None,
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
+    }
 
 
 def _payloads(pub: EventPublisher, rng: random.Random, args: argparse.Namespace) -> list[bytes]:
@@ -65,24 +84,45 @@ def _payloads(pub: EventPublisher, rng: random.Random, args: argparse.Namespace)
         events = []
         for _ in range(args.stored):
             hashes = [rng.getrandbits(64) for _ in range(args.blocks)]
-            events.append(
-                {
-                    "type": "BlockStored",
-                    "block_hashes": hashes,
-                    "parent_block_hash": None,
-                    "token_ids": [],
-                    "block_size": 16,
-                    "lora_id": None,
-                    "medium": "GPU",
-                    "lora_name": None,
-                    "extra_keys": None,
-                    "group_idx": 0,
-                    "kv_cache_spec_kind": "full_attention",
-                }
-            )
+            events.append(_stored(hashes, None))
             events.append({"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"})
         out.append(pub.encode(events))
     return out
+
+
+def _sources(args: argparse.Namespace) -> int:
+    return watch_long.RANKS if args.workload == "fleet" else args.sources
+
+
+def _schedule(args: argparse.Namespace, pubs: list) -> tuple[list[tuple[int, bytes]], int]:
+    """(source, payload) in the order they are published, and their block events.
+
+    ``synthetic``: each source's ``--batches`` batches, round-robin, as engines stepping
+    side by side would. ``fleet``: ``--events`` block events of ``bench/watch_long.py``'s
+    fleet (8 ranks, parent-chained prefills, system prompts shared by every rank,
+    multi-turn sessions, LRU eviction, prefix-cache resets) in its order, each batch
+    at its time in the fleet's hour from now."""
+    if args.workload == "synthetic":
+        rng = random.Random(7)
+        per_source = [_payloads(p, rng, args) for p in pubs]
+        order = [(s, per_source[s][i]) for i in range(args.batches) for s in range(len(pubs))]
+        return order, len(order) * 2 * args.stored * args.blocks
+    unsigned = (1 << 64) - 1  # the fleet keeps hashes signed, as SQLite does
+    order, block_events, now = [], 0, time.time()
+    for rank, _seq, ts_s, events in watch_long.Fleet().batches(args.events):
+        wire = []
+        for op, hashes, parent in events:
+            block_events += len(hashes)
+            if op == OP_STORED:
+                up = None if parent is None else parent & unsigned
+                wire.append(_stored([h & unsigned for h in hashes], up))
+            elif op == OP_REMOVED:
+                wire.append({"type": "BlockRemoved", "block_hashes": [h & unsigned for h in hashes],
+                             "medium": "GPU"})  # fmt: skip
+            else:
+                wire.append({"type": "AllBlocksCleared"})
+        order.append((rank, pubs[rank].encode(wire, now + ts_s)))
+    return order, block_events
 
 
 def _publish(args: argparse.Namespace, ports: mp.Queue, go: mp.Event, subscribers: int) -> None:
@@ -91,39 +131,39 @@ def _publish(args: argparse.Namespace, ports: mp.Queue, go: mp.Event, subscriber
         EventPublisher(
             "tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", dp_rank=0, context=ctx
         )
-        for _ in range(args.sources)
+        for _ in range(_sources(args))
     ]
-    ports.put([(p.endpoint, p.replay_endpoint) for p in pubs])
-    rng = random.Random(7)
-    payloads = [_payloads(p, rng, args) for p in pubs]
+    order, block_events = _schedule(args, pubs)
+    ports.put(([(p.endpoint, p.replay_endpoint) for p in pubs], len(order), block_events))
     for pub in pubs:
         pub.wait_for_subscribers(subscribers, timeout_s=60)
     go.wait()
-    # Round-robin, as engines stepping side by side would.
-    for i in range(args.batches):
-        for pub, batches in zip(pubs, payloads, strict=True):
-            pub.publish_payload(batches[i])
+    for source, payload in order:
+        pubs[source].publish_payload(payload)
     time.sleep(60)  # keep the replay buffers up until the parent is done
 
 
 def _start_publishers(args: argparse.Namespace, subscribers: int):
+    """The publishing process, its (endpoint, replay endpoint)s, the event that starts
+    it, and the batches and block events it will send."""
     ctx = mp.get_context("spawn")
     ports, go = ctx.Queue(), ctx.Event()
     proc = ctx.Process(target=_publish, args=(args, ports, go, subscribers), daemon=True)
     proc.start()
-    return proc, ports.get(timeout=120), go
+    endpoints, batches, block_events = ports.get(timeout=300)
+    return proc, endpoints, go, batches, block_events
 
 
-def baseline(args: argparse.Namespace, blocks_per_batch: int) -> float:
-    """Block events/s a bare SUB receives (no decoding, no database)."""
-    proc, endpoints, go = _start_publishers(args, 1)
+def baseline(args: argparse.Namespace) -> tuple[float, int, int]:
+    """Block events/s a bare SUB receives (no decoding, no database), and the batches
+    and block events the workload sends."""
+    proc, endpoints, go, total, block_events = _start_publishers(args, 1)
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.RCVHWM, 1_000_000)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     for endpoint, _ in endpoints:
         sub.connect(endpoint)
-    total = args.sources * args.batches
     time.sleep(0.5)
     go.set()
     got = 0
@@ -137,7 +177,7 @@ def baseline(args: argparse.Namespace, blocks_per_batch: int) -> float:
     sub.close(0)
     ctx.term()
     proc.kill()
-    return (total - 1) * blocks_per_batch / elapsed
+    return block_events * (total - 1) / total / elapsed, total, block_events
 
 
 def _cpu_s(pid: int, task: int | None = None) -> float:
@@ -176,15 +216,14 @@ def _peak_mib(proc: mp.Process | None) -> float | None:
     return None if line is None else int(line.split()[1]) / 1024
 
 
-def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
-    proc, endpoints, go = _start_publishers(args, 1)
+def watch(args: argparse.Namespace, db: Path) -> dict:
+    proc, endpoints, go, total, block_events = _start_publishers(args, 1)
     specs = [s for e, r in endpoints for s in expand_sources(e, replay=r)]
     # As kvscope watch runs: a process of its own, and (unless --writer thread) the
     # writer in a process of its own.
     session = WatchSession(
         db, specs, freeze_gc=True, writer_process=args.writer == "process"
     ).start()
-    total = args.sources * args.batches
     time.sleep(0.5)
     go.set()
     while session.status().batches == 0:
@@ -222,11 +261,9 @@ def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
         "rate": status.block_events / elapsed,
         "to_commit": None if committed is None else committed - start,
         # block events/s to the last commit
-        "commit_rate": None
-        if committed is None
-        else total * blocks_per_batch / (committed - start),
+        "commit_rate": None if committed is None else block_events / (committed - start),
         "rows": rows,
-        "expected": total * blocks_per_batch,
+        "expected": block_events,
         "gaps": status.gaps,
         "recovered": status.recovered_batches,
         "lost": status.lost_batches,
@@ -239,8 +276,8 @@ def watch(args: argparse.Namespace, db: Path, blocks_per_batch: int) -> dict:
 class _Encoder:
     """``_payloads``' publisher, without sockets: ``--stages`` publishes nothing."""
 
-    def encode(self, events: list) -> bytes:
-        return msgpack.packb([time.time(), events, 0])
+    def encode(self, events: list, ts: float | None = None) -> bytes:
+        return msgpack.packb([time.time() if ts is None else ts, events, 0])
 
 
 def stages(args: argparse.Namespace) -> None:
@@ -257,9 +294,12 @@ def stages(args: argparse.Namespace) -> None:
     from profiler.watch.rows import SourceAttrs, batch_rows
     from profiler.watch.wire import decode_batch
 
-    rng = random.Random(7)
-    per_source = [_payloads(_Encoder(), rng, args) for _ in range(args.sources)]  # type: ignore[arg-type]
-    order = [(s, i, per_source[s][i]) for i in range(args.batches) for s in range(args.sources)]
+    schedule, n = _schedule(args, [_Encoder() for _ in range(_sources(args))])
+    seqs = [0] * _sources(args)
+    order = []
+    for s, payload in schedule:
+        order.append((s, seqs[s], payload))
+        seqs[s] += 1
     gc.set_threshold(500_000, 10, 10)  # as the watching process runs (WatchRecorder)
     gc.freeze()  # the payloads: sent, in a watch, not held
     clock = time.process_time
@@ -269,7 +309,7 @@ def stages(args: argparse.Namespace) -> None:
         """Decode, rows and handover a flush at a time; the rows kept (for the stages
         below) or, as in a watch, let go after the handover: the timed pass keeps
         nothing, since a heap growing by every row is not what a watch's is."""
-        attrs = {s: SourceAttrs() for s in range(args.sources)}
+        attrs = {s: SourceAttrs() for s in range(_sources(args))}
         chunks = []
         decode_s = rows_s = marshal_s = 0.0
         for k in range(0, len(order), FLUSH_AT):
@@ -313,7 +353,7 @@ def stages(args: argparse.Namespace) -> None:
         insert_s = clock() - t
         state = writer.state
         sources = [
-            (s, "events", "vllm", f"tcp://h:{s}", None, "", 0, 0) for s in range(args.sources)
+            (s, "events", "vllm", f"tcp://h:{s}", None, "", 0, 0) for s in range(_sources(args))
         ]
         writer.write(WatchBatch(sources=sources))
         t = clock()
@@ -324,7 +364,6 @@ def stages(args: argparse.Namespace) -> None:
             gc.freeze()
         fold_s = clock() - t
         db.conn.close()
-    n = args.sources * args.batches * 2 * args.stored * args.blocks
     print(f"{n:,} block events, CPU s: decode {decode_s:.3f}, rows {rows_s:.3f}, "
           f"marshal {marshal_s:.3f}, unpack {unpack_s:.3f}, inserts {insert_s:.3f}, "
           f"folding {fold_s:.3f} "
@@ -344,6 +383,13 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=16, help="hashes per event")
     parser.add_argument("--stored", type=int, default=3, help="BlockStored events per batch")
     parser.add_argument(
+        "--workload", choices=("synthetic", "fleet"), default="synthetic",
+        help="synthetic: the batches above; fleet: bench/watch_long.py's fleet of 8 ranks",
+    )  # fmt: skip
+    parser.add_argument(
+        "--events", type=int, default=1_200_000, help="block events of --workload fleet"
+    )
+    parser.add_argument(
         "--writer", choices=("process", "thread"), default="process",
         help="where the watch writes from (kvscope watch: a process of its own)",
     )  # fmt: skip
@@ -359,19 +405,24 @@ def main() -> None:
     if args.stages:
         stages(args)
         return
-    blocks_per_batch = 2 * args.stored * args.blocks
-    base = baseline(args, blocks_per_batch)
+    base, batches, block_events = baseline(args)
     runs = []
     for i in range(max(1, args.repeats)):
         with tempfile.TemporaryDirectory() as tmp:
-            runs.append(watch(args, Path(tmp) / "watch.db", blocks_per_batch))
+            runs.append(watch(args, Path(tmp) / "watch.db"))
         if args.repeats > 1:
             r = runs[-1]
             last = "" if not r["commit_rate"] else f", {r['commit_rate']:,.0f} to the last commit"
             print(f"run {i + 1}: {r['rate']:,.0f} block events/s recorded{last}")
     result = runs[-1]
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{args.sources} sources x {args.batches} batches x {blocks_per_batch} block events")
+    if args.workload == "fleet":
+        print(
+            f"fleet of {watch_long.RANKS} ranks: {batches:,} batches, {block_events:,} block events"
+        )
+    else:
+        print(f"{args.sources} sources x {args.batches} batches x "
+              f"{block_events // batches} block events")  # fmt: skip
     print(f"baseline (receive only): {base:,.0f} block events/s")
     if len(runs) > 1:
         rates = [r["rate"] for r in runs]

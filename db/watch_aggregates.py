@@ -234,19 +234,22 @@ class _Source:
 
 class _Chain:
     """The blocks one event stored as a chain of new nodes, while nothing has touched
-    any of them since (no child, no other source storing one, no walk up through
-    them): one record for them all instead of a node each, made into the nodes
-    (``_unchain``) the first time one of them is needed. In a stream that keeps
-    extending its chains this only defers the nodes; in one whose chains are left
-    alone it spares them."""
+    any of them since (no child but the next one, no other source storing one, no walk
+    up through them): one record for them all instead of a node each, made into the
+    nodes (``_unchain``) the first time one of them is needed. New blocks its source
+    stores under its last block extend it (``FleetState._extend``): a session's next
+    turn, a request's decode steps. So a stream that keeps growing its chains at their
+    ends keeps a record per chain, and one whose chains are left alone spares the
+    nodes."""
 
-    __slots__ = ("parent", "depth", "hashes", "bits")
+    __slots__ = ("parent", "depth", "hashes", "bits", "owned")
 
     def __init__(self, parent: int | None, depth: int, hashes: list[int], bits: int) -> None:
         self.parent = parent  # of the first block
         self.depth = depth  # of the first block's parent (0: a root)
-        self.hashes = hashes
+        self.hashes = hashes  # the event's list, until extended (then its own: owned)
         self.bits = bits
+        self.owned = False
 
 
 def _unchain(nodes: dict[int, list | _Chain], chain: _Chain, block: int) -> list:
@@ -532,6 +535,8 @@ class FleetState:
                     tree.held[block] = mask | bit
                     node[4] = stored_by | bit
                 return
+            if parent is not None and parent != block and self._extend(tree, parent, hashes, bit):
+                return
             above = _hang(tree, parent if parent != block else None)
             depth = 1 if above is None else above[1] + 1
             if depth > tree.max_depth:
@@ -710,6 +715,8 @@ class FleetState:
         """``hashes``, none in the tree and none twice, as a chain of new blocks, made in
         C: block i's parent is block i-1, it has one child (the last none) and n - i
         blocks under it."""
+        if parent is not None and self._extend(tree, parent, hashes, bit):
+            return
         n = len(hashes)
         above = _hang(tree, parent)
         depth = 0 if above is None else above[1]
@@ -720,6 +727,29 @@ class FleetState:
             self._above(tree, above, n)
         else:  # a root: nothing above to count it in
             self._prefixes_dirty = True
+
+    def _extend(self, tree: _Tree, parent: int, hashes: list[int], bit: int) -> bool:
+        """``hashes`` (none in the tree, none twice) added to the chain whose last block is
+        ``parent``, if the same source stored it: the blocks the chain's nodes and a new
+        chain would have made, counted in the chain's blocks (their subtree sizes are
+        the blocks after them) and above it. Returns whether it did."""
+        nodes = tree.nodes
+        chain = nodes.get(parent)
+        if chain.__class__ is not _Chain or chain.bits != bit or chain.hashes[-1] != parent:
+            return False
+        if not chain.owned:
+            chain.hashes, chain.owned = list(chain.hashes), True
+        chain.hashes += hashes
+        depth = chain.depth + len(chain.hashes)
+        if depth > tree.max_depth:
+            tree.max_depth = depth
+        nodes.update(zip(hashes, repeat(chain)))
+        self._prefixes_dirty = True
+        if chain.parent is not None:
+            up = _parent_node(nodes, chain.parent)
+            if up is not None:
+                self._above(tree, up, len(hashes))
+        return True
 
     def _above(self, tree: _Tree, node: list, added: int) -> None:
         """``added`` blocks more under ``node`` and each of its ancestors: up the parent

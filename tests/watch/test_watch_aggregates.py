@@ -551,13 +551,18 @@ def test_chains_nobody_touched_are_pruned_and_grown_as_nodes(tmp_path, monkeypat
     assert (top.block_hash, top.depth_blocks, top.branches, top.subtree_blocks) == (21, 2, 2, 3)
 
 
-def _subtree_reference(rows: list[tuple]) -> dict[int, int]:
-    """Every block's subtree size by its definition, with a plain dict and walks up by
-    the parent's hash: a store's blocks are a path (block i under block i-1, the first
-    under the event's parent), each new one counted in every block above it on that
-    path and in the tree (a block already there keeps its own parent)."""
+def _subtree_reference(rows: list[tuple]) -> tuple[dict[int, tuple[int, int, int]], int]:
+    """Every block's (subtree size, depth, children) by their definitions, with plain
+    dicts and walks up by the parent's hash, and the roots: a store's blocks are a path
+    (block i under block i-1, the first under the event's parent), each new one a
+    child of the block before it on that path (a root if that is not in the tree),
+    one deeper, and counted in every block above it on that path and in the tree (a
+    block already there keeps its own parent)."""
     parent_of: dict[int, int | None] = {}
     size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    children: dict[int, int] = defaultdict(int)
+    roots = 0
     for _, _, _, op, text, parent, *_ in rows:
         if op != OP_STORED:
             continue
@@ -565,6 +570,12 @@ def _subtree_reference(rows: list[tuple]) -> dict[int, int]:
         for h in (int(x) for x in text.strip("[]").split(",")):
             if h not in size:
                 parent_of[h], size[h] = (up if up != h else None), 0
+                if parent_of[h] in size:
+                    children[parent_of[h]] += 1
+                    depth[h] = depth[parent_of[h]] + 1
+                else:
+                    roots += 1
+                    depth[h] = 1
                 for above in path:  # this event's blocks before it
                     size[above] += 1
                 size[h] += 1
@@ -574,15 +585,18 @@ def _subtree_reference(rows: list[tuple]) -> dict[int, int]:
                     walk, steps = parent_of[walk], steps + 1
             path.append(h)
             up = h
-    return size
+    return {h: (size[h], depth[h], children[h]) for h in size}, roots
 
 
 def test_subtree_sizes_are_the_blocks_stored_under_each_block() -> None:
     """Stores under roots, under blocks deep in other chains (made into nodes), under
-    parents not yet seen (roots whose parent is stored later) and of blocks already
-    in the tree: every block's subtree size, walked up by parent nodes or by hash."""
+    the last block of the source's previous store (a chain extended: a session's next
+    turn, decode steps), under parents not yet seen (roots whose parent is stored
+    later) and of blocks already in the tree: every block's subtree size, walked up by
+    parent nodes or by hash."""
     rng = random.Random(5)
     rows, known, fresh = [], [], 1
+    last: dict[int, int] = {}  # source -> the last block of its previous store
     announced = iter(range(10**6, 2 * 10**6))
     unseen: list[int] = []  # parents named before they are stored (as roots: no cycle)
     for step in range(1500):
@@ -594,31 +608,68 @@ def test_subtree_sizes_are_the_blocks_stored_under_each_block() -> None:
             if pick < 0.2:
                 parent = next(announced)
                 unseen.append(parent)
+            elif pick < 0.5 and step % 2 in last:
+                parent = last[step % 2]
             elif pick < 0.85 and known:
                 parent = rng.choice(known[-200:])
-            hashes = list(range(fresh, fresh + rng.randint(1, 6)))
+            hashes = list(range(fresh, fresh + rng.choice((1, 1, 2, 6))))
             fresh += len(hashes)
         if known and rng.random() < 0.2:
             hashes.insert(rng.randrange(len(hashes) + 1), rng.choice(known))  # one known
         known += hashes
+        last[step % 2] = hashes[-1]
         rows.append(_row(step % 2, step * 0.01, OP_STORED, hashes, parent=parent))
     state = agg.FleetState(1, 0)
     for source in range(2):
         state.add_source(source, "vllm")
     for start in range(0, len(rows), 300):
         state.apply(rows[start : start + 300])
-    want = _subtree_reference(rows)
-    nodes = state.trees["vllm"].nodes
+    want, roots = _subtree_reference(rows)
+    tree = state.trees["vllm"]
+    nodes = tree.nodes
 
-    def size(h: int) -> int:
+    def node_of(h: int) -> tuple[int, int, int]:
         node = nodes[h]
-        if node.__class__ is agg._Chain:  # untouched: the chain's blocks below it
-            return len(node.hashes) - node.hashes.index(h)
-        return node[3]
+        if node.__class__ is agg._Chain:  # untouched: a path, the blocks after it below it
+            i, n = node.hashes.index(h), len(node.hashes)
+            return n - i, node.depth + i + 1, int(i < n - 1)
+        return node[3], node[1], node[2]
 
-    assert len(nodes) == len(want) > 4000
-    assert max(want.values()) > 50  # deep paths were walked
-    assert {h: size(h) for h in nodes} == want
+    assert len(nodes) == len(want) > 3000
+    assert max(size for size, _, _ in want.values()) > 50  # deep paths were walked
+    assert {h: node_of(h) for h in nodes} == want
+    assert tree.roots == roots
+    assert tree.max_depth == max(d for _, d, _ in want.values())
+    assert tree.branch_points == {h for h, (_, _, c) in want.items() if c >= 2}
+
+
+def test_a_chain_its_source_stores_under_grows_as_one_record() -> None:
+    """A session's next turn and its decode steps under the last block of its chain,
+    from the source that stored it, extend the chain; another source's block under it
+    or a block under the chain's middle makes its nodes, as the rows say they should."""
+    state = agg.FleetState(1, 0)
+    for source in range(2):
+        state.add_source(source, "vllm")
+    tree = state.trees["vllm"]
+    rows = [
+        _row(0, 0.0, OP_STORED, [9]),  # a prompt of its own, so the chain hangs below one
+        _row(0, 0.1, OP_STORED, [1, 2, 3], parent=9),
+        _row(0, 0.2, OP_STORED, [4, 5], parent=3),  # the next turn
+        _row(0, 0.3, OP_STORED, [6], parent=5),  # a decode step
+    ]
+    hash_lists = [[9], [1, 2, 3], [4, 5], [6]]  # as the writer hands them, unpacked
+    state.apply(rows, hash_lists)
+    assert hash_lists == [[9], [1, 2, 3], [4, 5], [6]]  # the chain has lists of its own
+    chain = tree.nodes[1]
+    assert chain.__class__ is agg._Chain and chain.hashes == [1, 2, 3, 4, 5, 6]
+    assert all(tree.nodes[h] is chain for h in range(1, 7))
+    assert (len(tree.nodes), tree.roots, tree.max_depth, tree.branch_points) == (7, 1, 7, set())
+    assert tree.nodes[9][3] == 7  # the prompt and the six blocks under it
+    state.apply([_row(1, 0.4, OP_STORED, [7], parent=6)])  # another source: not its chain
+    assert tree.nodes[6].__class__ is list and tree.stored_by(7) == 0b10
+    assert (tree.max_depth, tree.nodes[9][3], tree.nodes[6][2]) == (8, 8, 1)
+    state.apply([_row(0, 0.5, OP_STORED, [8], parent=2)])  # a branch in its middle
+    assert tree.branch_points == {2} and tree.nodes[2][3] == 7  # 2 to 8
 
 
 def test_keep_raw_trims_raw_rows_and_the_aggregates_survive(tmp_path: Path) -> None:
