@@ -7,13 +7,17 @@ tree, one after the other for ``--rounds`` rounds, and prints each one's
 median and range of block events/s (recorded, and to the last commit): the
 comparison docs/watch.md and the README give.
 
-    .venv/bin/python bench/watch_ab.py REV [--rounds 10] [-- watch_rate.py args]
+    .venv/bin/python bench/watch_ab.py REV [--rounds 10] [--this-bench] [-- watch_rate.py args]
+
+``--this-bench`` runs this tree's benchmark scripts (``bench/``) in both, so a
+workload added since REV (``--workload fleet``) measures REV's code too.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,6 +53,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("rev", help="the revision to compare this tree with")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--this-bench", action="store_true", help="this tree's bench/ scripts in REV's tree too"
+    )
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = parser.parse_args(argv[:cut]), argv[cut + 1 :]  # after --: watch_rate.py's
@@ -58,6 +65,9 @@ def main() -> None:
             ["git", "worktree", "add", "--detach", str(other), args.rev],
             cwd=ROOT, check=True, capture_output=True,
         )  # fmt: skip
+        if args.this_bench:
+            for script in (ROOT / "bench").glob("*.py"):
+                shutil.copy(script, other / "bench" / script.name)
         try:
             results: dict[str, list[tuple[float, float | None]]] = {args.rev: [], "this tree": []}
             for i in range(args.rounds):

@@ -21,6 +21,7 @@ of a batch, which is why its aggregates are those of a row per event
 from __future__ import annotations
 
 import json
+import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -244,7 +245,16 @@ def _pack(hashes: Sequence[int]) -> tuple[str, bytes]:
     the writer reads back signed as a list (``db.watch_writer.unpack_hashes``): a
     fraction of marshal's bytes and time for a list of ints (a 2,000-batch
     prefill-like chunk was 7 MB), the writer process being the one that waits. vLLM
-    sends them unsigned, SGLang signed (msgpack holds nothing wider)."""
+    sends them unsigned, SGLang signed (msgpack holds nothing wider). One hash (a
+    decode step's block) without the arrays: a one-hash stream is an event a block."""
+    if len(hashes) == 1:
+        value = hashes[0]
+        if value > _MAX_INT64:
+            value -= _TWO_64
+        try:
+            return f"[{value}]", _pack_one(value)
+        except struct.error:
+            pass  # out of 64 bits: as below, which says so
     try:
         packed = array("Q", hashes).tobytes()
     except OverflowError:  # a negative hash: signed as it came
@@ -255,6 +265,7 @@ def _pack(hashes: Sequence[int]) -> tuple[str, bytes]:
 
 
 _encode = msgspec.json.encode  # the same text as the general path's repr for 64-bit ints
+_pack_one = struct.Struct("=q").pack  # native order, as array's tobytes
 
 
 def _known_rows(

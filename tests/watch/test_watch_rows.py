@@ -280,15 +280,21 @@ def test_packed_hashes_come_back_signed_whatever_their_sign() -> None:
     general path's lists, and the rows' text is the same."""
     big = 2**64 - 5
     events = [_stored([1, big]), _stored([-3, 4]), _removed([big, 7, -(2**63)])]
+    # one hash an event (packed without arrays): each sign, and both ends of 64 bits
+    events += [_stored([v]) for v in (big, -3, 2**63, 2**63 - 1, 0)] + [_removed([2**64 - 1])]
     fast, general = _both_paths(events)
     raw_lists: list = []
     batch_rows(0, 0, 5, fast, SourceAttrs(), [], [], raw_lists)
-    assert [type(h) for h in raw_lists] == [bytes, bytes, bytes]
+    assert [type(h) for h in raw_lists] == [bytes] * 9
     got, want = _rows(fast), _rows(general)
     assert got[0] == want[0] and got[2] == want[2]
     assert [row[4] for row in got[0]] == [
         f"[1,{big - 2**64}]",
         "[-3,4]",
         f"[{big - 2**64},7,{-(2**63)}]",
-    ]
-    assert got[2] == [[1, big - 2**64], [-3, 4], [big - 2**64, 7, -(2**63)]]
+        f"[{big - 2**64}]", "[-3]", f"[{-(2**63)}]", f"[{2**63 - 1}]", "[0]", "[-1]",
+    ]  # fmt: skip
+    assert got[2] == [
+        [1, big - 2**64], [-3, 4], [big - 2**64, 7, -(2**63)],
+        [big - 2**64], [-3], [-(2**63)], [2**63 - 1], [0], [-1],
+    ]  # fmt: skip
