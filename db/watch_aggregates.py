@@ -547,8 +547,8 @@ class FleetState:
                 self._above(tree, above, 1)
             return
         # New content (a prompt's prefill): blocks the prefix tree has never seen, so
-        # neither this shelf nor any source holds one (held ⊆ nodes, born ⊆ held; the
-        # tree forgets only blocks held nowhere): one look in the tree, none there.
+        # neither this shelf nor any source holds one (a block held anywhere is in the
+        # tree: it forgets only blocks held nowhere): one look in the tree, none there.
         if src.on_source is None and tree.nodes.keys().isdisjoint(hashes):
             before = len(born)
             born.update(zip(hashes, repeat(ts_ns)))
