@@ -19,7 +19,13 @@ CPU seconds each part took while recording (the watching process's subscriber
 and recorder threads, the writer process) and the peak RSS.
 
     .venv/bin/python bench/watch_rate.py [--sources 64] [--batches 200] [--blocks 16] [--stored 3]
+        [--workload synthetic|fleet] [--events 1200000]
         [--writer process|thread] [--stages] [--repeats 1]
+
+``--workload fleet`` publishes ``bench/watch_long.py``'s fleet instead (``--events``
+block events of 8 ranks: parent-chained prefills under system prompts every rank
+shares, multi-turn sessions, LRU eviction, resets), the stream a fleet sends: its
+chains hang under others, so the writer's folding walks the tree.
 
 ``--repeats N`` runs the watch N times (the baseline once) and prints each run's
 rate, then their median and range: on this 2-core machine one run's rate
