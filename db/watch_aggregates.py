@@ -327,6 +327,19 @@ class _Tree:
         src = self.by_bit.get(stored_by)
         return stored_by if src is not None and block in src.all_held() else 0
 
+    def add_holder(self, block: int, stored_by: int, bit: int) -> bool:
+        """Source ``bit`` holds ``block`` now, new on it, which others stored too
+        (``stored_by``: its node's bits before this store): the fleet's holders and
+        duplication updated; returns whether another source holds it (a routing miss)."""
+        mask = self.holders(block, stored_by) & ~bit
+        self.held[block] = mask | bit
+        if not mask:
+            return False
+        self.extra += 1
+        if mask & (mask - 1) == 0:
+            self.duplicated += 1
+        return True
+
     def stored_by(self, block: int) -> int:
         """The sources that stored ``block`` (bits; 0: none, or the tree forgot it)."""
         node = self.nodes.get(block)
@@ -524,15 +537,10 @@ class FleetState:
                     node = _unchain(nodes, node, block)
                 stored_by = node[4]
                 if stored_by != bit:  # another source stored it: the fleet keeps its holders
-                    mask = tree.holders(block, stored_by) & ~bit
-                    if mask:
+                    if tree.add_holder(block, stored_by, bit):
                         run[3] += 1  # another source of this engine kind holds it
                         if removed_at is not None:
                             run[5] += 1
-                        tree.extra += 1
-                        if mask & (mask - 1) == 0:
-                            tree.duplicated += 1
-                    tree.held[block] = mask | bit
                     node[4] = stored_by | bit
                 return
             if parent is not None and parent != block and self._extend(tree, parent, hashes, bit):
@@ -544,7 +552,7 @@ class FleetState:
             nodes[block] = [parent, depth, 0, 1, bit, above]
             self._prefixes_dirty = True
             if above is not None:
-                self._above(tree, above, 1)
+                self._above(tree, parent, 1, above)
             return
         # New content (a prompt's prefill): blocks the prefix tree has never seen, so
         # neither this shelf nor any source holds one (a block held anywhere is in the
@@ -634,16 +642,10 @@ class FleetState:
                 recomputed += 1
                 restore.append(ts_ns - removed_at)
             stored_by = tree.stored_by(block)  # its node's bits: _grow adds ours after
-            if stored_by and stored_by != bit:
-                mask = tree.holders(block, stored_by) & ~bit
-                if mask:
-                    routing += 1  # another source of this engine kind holds it
-                    if removed_at is not None:
-                        both += 1
-                    tree.extra += 1
-                    if mask & (mask - 1) == 0:
-                        tree.duplicated += 1
-                tree.held[block] = mask | bit
+            if stored_by and stored_by != bit and tree.add_holder(block, stored_by, bit):
+                routing += 1  # another source of this engine kind holds it
+                if removed_at is not None:
+                    both += 1
         shelf.copies += copies
         counts[_REANNOUNCED] += reannounced
         run[0] += len(hashes)
@@ -681,16 +683,9 @@ class FleetState:
             else:
                 stored_by = node[4]
                 if stored_by != bit:
-                    if back is not None:
-                        mask = tree.holders(block, stored_by) & ~bit
-                        if mask:
-                            routing += 1  # another source of this engine kind holds it
-                            if block in back:
-                                both += 1
-                            tree.extra += 1
-                            if mask & (mask - 1) == 0:
-                                tree.duplicated += 1
-                        tree.held[block] = mask | bit
+                    if back is not None and tree.add_holder(block, stored_by, bit):
+                        routing += 1  # another source of this engine kind holds it
+                        both += block in back
                     node[4] = stored_by | bit
             chain.append(node)
             par = block
@@ -702,13 +697,7 @@ class FleetState:
             fresh = node[3] == 0
             node[3] += added + fresh
             added += fresh
-        self._prefixes_dirty = True
-        first = chain[0]
-        up = first[5]
-        if up is None and first[0] is not None:  # its parent made after it, or in a chain
-            up = _parent_node(nodes, first[0])
-        if up is not None:
-            self._above(tree, up, added)
+        self._above(tree, chain[0][0], added, chain[0][5])
         return routing, both
 
     def _new_chain(self, tree: _Tree, hashes: list[int], parent: int | None, bit: int) -> None:
@@ -724,7 +713,7 @@ class FleetState:
             tree.max_depth = depth + n
         tree.nodes.update(zip(hashes, repeat(_Chain(parent, depth, hashes, bit))))
         if above is not None:
-            self._above(tree, above, n)
+            self._above(tree, parent, n, above)
         else:  # a root: nothing above to count it in
             self._prefixes_dirty = True
 
@@ -744,19 +733,20 @@ class FleetState:
         if depth > tree.max_depth:
             tree.max_depth = depth
         nodes.update(zip(hashes, repeat(chain)))
-        self._prefixes_dirty = True
-        if chain.parent is not None:
-            up = _parent_node(nodes, chain.parent)
-            if up is not None:
-                self._above(tree, up, len(hashes))
+        self._above(tree, chain.parent, len(hashes))
         return True
 
-    def _above(self, tree: _Tree, node: list, added: int) -> None:
-        """``added`` blocks more under ``node`` and each of its ancestors: up the parent
-        nodes a node keeps, or by the parent's hash where it keeps none (a chain's first
-        block, a root whose parent came later)."""
+    def _above(self, tree: _Tree, up: int | None, added: int, node: list | None = None) -> None:
+        """``added`` blocks more under ``up`` (``node``: its node, where the caller has it)
+        and each of its ancestors: up the parent nodes a node keeps, or by the parent's
+        hash where it keeps none (a chain's first block, a root whose parent came
+        later)."""
         self._prefixes_dirty = True
         nodes = tree.nodes
+        if node is None:
+            node = None if up is None else _parent_node(nodes, up)
+            if node is None:
+                return
         steps, limit = 0, len(nodes)
         while steps <= limit:  # the limit: a cycle of hashes stops
             node[3] += added

@@ -342,5 +342,5 @@ class _WatcherGone(Exception):
 def _answer(pipe: Connection, message: tuple) -> None:
     try:
         pipe.send(message)
-    except (BrokenPipeError, EOFError, OSError) as exc:
+    except (EOFError, OSError) as exc:  # BrokenPipeError among them
         raise _WatcherGone from exc

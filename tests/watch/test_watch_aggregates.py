@@ -207,10 +207,10 @@ def test_aggregates_equal_the_definitions_on_a_random_fleet(
     for start in range(0, len(rows), 700):
         writer.write(WatchBatch(blocks=rows[start : start + 700]))
         # the fleet's duplication after each write: its holders as the rows so far say
-        fleet = _reference(rows[: start + 700])[-1]
+        now = _reference(rows[: start + 700])[-1]
         assert db.execute(
             "SELECT duplicated, extra_copies FROM watch_fleet WHERE run_id = ?", (run_id,)
-        ).fetchone() == (fleet["duplicated"], fleet["extra"]), start
+        ).fetchone() == (now["duplicated"], now["extra"]), start
     writer.finish("complete", 0)
     truth = _reference(rows)
     del truth[-1]

@@ -206,7 +206,7 @@ def test_listen_fan_in_splits_streams_by_topic_and_dp_rank(tmp_path: Path, publi
 
 
 def test_listen_with_dp_ranks_binds_a_port_each(tmp_path: Path, publishers) -> None:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port(consecutive=2)}"
     specs = expand_sources(endpoint, listen=True, dp_size=2)
     session = _session(tmp_path / "w.db", specs)
     for spec in specs:

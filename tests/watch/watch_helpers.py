@@ -4,6 +4,7 @@ recording."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -35,10 +36,22 @@ def new_watch_run(path: str | os.PathLike[str]) -> tuple[Database, int]:
     return db, run_id
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(consecutive: int = 1) -> int:
+    """A free port, and the ``consecutive - 1`` after it free too (a watch listening for
+    DP ranks binds port + rank: the next port had sometimes been another socket's)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + consecutive > 65536:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for p in range(port, port + consecutive):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", p))
+            except OSError:
+                continue
+        return port
 
 
 A, B, C, D, E = 11, -22, 2**63 - 1, -(2**63), 55  # signed, as stored
