@@ -16,7 +16,8 @@ Two measurements in the same run:
 
 Prints block events/s for both, their ratio, gaps/replays/lost batches, the
 CPU seconds each part took while recording (the watching process's subscriber
-and recorder threads, the writer process) and the peak RSS.
+and recorder threads, the writer process, and the publishing process, which
+shares these two cores) and the peak RSS.
 
     .venv/bin/python bench/watch_rate.py [--sources 64] [--batches 200] [--blocks 16] [--stored 3]
         [--workload synthetic|fleet] [--events 1200000]
@@ -197,9 +198,10 @@ def _cpu_s(pid: int, task: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_parts(session: WatchSession) -> dict[str, float]:
+def _cpu_parts(session: WatchSession, publishers: int) -> dict[str, float]:
     """CPU seconds so far: the subscriber and recorder threads, the rest of the watching
-    process, and the writer process (when there is one)."""
+    process, the writer process (when there is one) and the publishing process (pid
+    ``publishers``: on these two cores it takes its share too)."""
     pid = os.getpid()
     sub = _cpu_s(pid, session.subscriber._thread.native_id)
     rec = _cpu_s(pid, session.recorder._thread.native_id)
@@ -207,6 +209,7 @@ def _cpu_parts(session: WatchSession) -> dict[str, float]:
     child = getattr(session.recorder._writer, "_proc", None)
     if child is not None and child.pid is not None:
         parts["writer process"] = _cpu_s(child.pid)
+    parts["publishers"] = _cpu_s(publishers)
     return parts
 
 
@@ -235,7 +238,7 @@ def watch(args: argparse.Namespace, db: Path) -> dict:
     while session.status().batches == 0:
         time.sleep(0.001)
     start = time.perf_counter()
-    cpu_before = _cpu_parts(session)
+    cpu_before = _cpu_parts(session, proc.pid)
     # Batches recorded so far, updated about once a second: the baseline takes a
     # fraction of the time, so this is the part worth an ETA.
     progress, shown, next_update = Progress(total, "batches recorded"), 0, start + 1.0
@@ -251,7 +254,7 @@ def watch(args: argparse.Namespace, db: Path) -> dict:
     progress.advance(total - shown)
     # Before stop, which ends the threads and the writer process: it writes the last
     # batch or two after this, the CPU seconds leave that out.
-    cpu = {k: v - cpu_before[k] for k, v in _cpu_parts(session).items()}
+    cpu = {k: v - cpu_before[k] for k, v in _cpu_parts(session, proc.pid).items()}
     writer_mib = _peak_mib(getattr(session.recorder._writer, "_proc", None))
     status = session.stop()
     elapsed = time.perf_counter() - start
