@@ -412,10 +412,19 @@ class WatchRecorder:
                 batch.blocks.append((index, None, stamp, OP_RESET, None, None, None, None, 0))
                 hash_lists.append(None)
             else:
-                stamp = ts_ns(events.ts)
-                batch_rows(
-                    index, seq, stamp, events, attrs[index], batch.blocks, batch.raw, hash_lists
-                )
+                made = len(batch.blocks), len(batch.raw), len(hash_lists)
+                try:
+                    stamp = ts_ns(events.ts)
+                    batch_rows(
+                        index, seq, stamp, events, attrs[index], batch.blocks, batch.raw,
+                        hash_lists,
+                    )  # fmt: skip
+                except Exception as exc:  # one engine's batch, not the end of the watch
+                    # Decoding refuses what it knows to be bad; anything else that cannot
+                    # be made into rows is one bad message of its source, not the end of
+                    # this thread (and of every source's recording with it).
+                    del batch.blocks[made[0] :], batch.raw[made[1] :], hash_lists[made[2] :]
+                    self._bad_batch(index, seq, exc, batch)
         # Let go of the batches before the handover: marshal keeps a table of every
         # object referenced more than once, as half the hashes are while their batch
         # lives (by its struct and by the row): that had doubled its time.
@@ -436,6 +445,16 @@ class WatchRecorder:
         if self._keep_raw_ns is not None and time.monotonic() - self._trimmed_at >= TRIM_EVERY_S:
             self.trim_raw()
         return len(batch.blocks) + len(batch.raw)
+
+    def _bad_batch(self, index: int, seq: int | None, exc: Exception, batch: WatchBatch) -> None:
+        """A queued batch that could not be made into rows: counted as its source's bad
+        message (``batch``'s incident, in this flush)."""
+        stream = self._streams.get(index)
+        if stream is not None:
+            stream.bad_messages += 1
+        detail = f"could not record the batch: {exc}"
+        self.last_bad_message = detail
+        batch.incidents.append((index, self.clock_ns(), "bad_message", seq, seq, 0, 0, detail))
 
     def _child_news(self) -> None:
         """What the writer process reported: rows it could not write, and why."""

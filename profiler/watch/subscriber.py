@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import resource
 import threading
 import time
 from dataclasses import dataclass, field
@@ -124,6 +125,7 @@ class Subscriber:
         self._specs = specs
         self._sink = sink
         self._ctx = zmq.Context()
+        _room_for(self._ctx, len(specs))
         self._sockets: list[_Socket] = []
         self._streams: list[Stream] = []
         self._stop = threading.Event()
@@ -137,6 +139,13 @@ class Subscriber:
         except KvscopeError:
             self._close()
             raise
+        except zmq.ZMQError as exc:  # out of sockets or files: one line, not a hang
+            self._close()
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            raise KvscopeError(
+                f"cannot open the sockets of {len(specs)} sources: {exc} (this process may "
+                f"open {soft} files; `ulimit -n` raises that)"
+            ) from None
 
     @property
     def streams(self) -> list[Stream]:
@@ -151,13 +160,17 @@ class Subscriber:
 
     def _open(self, spec: SourceSpec) -> _Socket:
         sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.RCVHWM, RECV_HWM)
-        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
-        monitor = sub.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-        )
+        try:
+            sub.setsockopt(zmq.RCVHWM, RECV_HWM)
+            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
+            monitor = sub.get_monitor_socket(
+                zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+            )
+        except zmq.ZMQError:
+            sub.close(0)  # an open socket would hang the context's term in _close
+            raise
         try:
             if spec.listen:
                 sub.bind(spec.endpoint)
@@ -409,6 +422,23 @@ class _Restarted(Exception):  # noqa: N818 (a signal between two methods, not an
 
     def __init__(self, ts: float) -> None:
         self.ts = ts  # the old engine's last batch: the reset goes right after it
+
+
+def _room_for(ctx: zmq.Context, sources: int) -> None:
+    """Sockets and files enough for ``sources``: a SUB and its monitor each (a few
+    files apiece), and a DEALER per gap being fetched. ZMQ's default of 1023 sockets
+    a context had stopped a watch of ~500 DP ranks with a traceback, then a hang."""
+    wanted = 4 * sources + 64
+    if wanted > ctx.get(zmq.MAX_SOCKETS):
+        ctx.set(zmq.MAX_SOCKETS, min(wanted, ctx.get(zmq.SOCKET_LIMIT)))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    files = 4 * wanted
+    if soft != resource.RLIM_INFINITY and soft < files:
+        limit = files if hard == resource.RLIM_INFINITY else min(files, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, limit), hard))
+        except (ValueError, OSError):  # not allowed here: the sockets' error says so
+            pass
 
 
 def _decode(payload: bytes) -> EventBatch | str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -202,6 +202,8 @@ def decode_event(raw: Any) -> KvEvent:
             # The recorder keeps these in sets and keys (a list would stop its thread):
             # a bad message, counted and shown, and the stream goes on.
             raise KvscopeError(f"{kind} {name} is {type(value).__name__}")
+        if types is int and value is not None:
+            _check_int64(kind, name, value)
     return KvEvent(
         kind,
         signed,
@@ -224,6 +226,26 @@ _SCALARS = (
     ("kv_cache_spec_kind", str),
     ("block_size", int),
 )
+# What SQLite stores of an int field (group_idx, block_size, dp_rank): a signed 64-bit
+# integer. A larger one had failed the writer's whole chunk, every source's rows in it.
+_INT64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=_MAX_INT64)]
+# A batch's timestamp: seconds since 1970 that the run's clock (int64 nanoseconds) can
+# hold. NaN, infinity or 1e308 had stopped the recorder's thread, and the watch with it.
+MAX_TS = 9.0e9  # the year 2255
+_TS = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TS)]
+
+
+def check_ts(ts: Any) -> float:
+    """A batch's timestamp as a float; raises KvscopeError for anything that is not
+    a time the run's clock can hold."""
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0.0 <= ts <= MAX_TS:
+        raise KvscopeError(f"batch timestamp {ts!r} is not a time (seconds since 1970)")
+    return float(ts)
+
+
+def _check_int64(kind: str, name: str, value: int) -> None:
+    if not -(1 << 63) <= value <= _MAX_INT64:
+        raise KvscopeError(f"{kind} {name} {value} does not fit 64 bits")
 
 
 # Untyped (plain dicts, lists, ints) so unknown fields and event types survive;
@@ -244,7 +266,7 @@ def _known_struct(kind: str) -> type:
         "lookahead_token_ids": (msgspec.Raw, None),
         # Kept in the recorder's sets and keys: anything else is the general path's
         # bad message.
-        **{name: (t | None, None) for name, t in _SCALARS},
+        **{name: ((_INT64 if t is int else t) | None, None) for name, t in _SCALARS},
     }
     fields = [
         (name, *typed.get(name, (Any, None))) for name in sorted(KNOWN_FIELDS[kind] - {"type"})
@@ -260,7 +282,7 @@ StoredEvent, RemovedEvent, ClearedEvent = map(
 # The usual batch: [ts, map-shaped events of known fields only, dp_rank], decoded
 # to C structs with no dict per event (and tuples: see EventBatch).
 _KNOWN_EVENT = StoredEvent | RemovedEvent | ClearedEvent  # type: ignore[valid-type]
-_FAST_DECODER = msgspec.msgpack.Decoder(tuple[float, tuple[_KNOWN_EVENT, ...], int | None])
+_FAST_DECODER = msgspec.msgpack.Decoder(tuple[_TS, tuple[_KNOWN_EVENT, ...], _INT64 | None])
 
 
 def _signed(hashes: Sequence[int]) -> list[int]:
@@ -339,7 +361,9 @@ def decode_batch(payload: bytes) -> EventBatch:
     dp_rank = outer[2] if len(outer) == 3 else None
     if dp_rank is not None and not isinstance(dp_rank, int):  # a stream's key: must hash
         raise KvscopeError(f"batch dp_rank is {type(dp_rank).__name__}, expected an integer")
-    return EventBatch(float(ts), [decode_event(e) for e in events], dp_rank)
+    if dp_rank is not None:
+        _check_int64("batch", "dp_rank", dp_rank)
+    return EventBatch(check_ts(ts), [decode_event(e) for e in events], dp_rank)
 
 
 def decode_payload(payload: bytes) -> EventBatch:

@@ -134,6 +134,38 @@ def test_listen_on_a_busy_port_is_one_line(tmp_path: Path, publishers, capsys) -
     conn.close()
 
 
+def test_hundreds_of_dp_ranks_get_their_sockets(tmp_path: Path, capsys) -> None:
+    """A SUB and a monitor per rank: past ZMQ's default of 1023 sockets a context (about
+    500 ranks) the watch had ended in a traceback and then hung."""
+    port = free_port()
+    args = ["watch", str(tmp_path / "w.db"), "--source", f"tcp://127.0.0.1:{port}",
+            "--dp-size", "700", "--duration", "0.5", "--json"]  # fmt: skip
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["sources"] == 700
+
+
+def test_too_few_files_for_the_sources_is_one_line(tmp_path: Path) -> None:
+    """With the open-file limit too low for the sockets (and no room to raise it), one
+    error line and a failed run, not a traceback and a hang in the context's term."""
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))
+
+    db = tmp_path / "w.db"
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli", "watch", str(db), "--source",
+         f"tcp://127.0.0.1:{free_port()}", "--dp-size", "1000", "--duration", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, preexec_fn=low_limit,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("kvscope: error: cannot open the sockets of 1000 sources")
+    assert "ulimit -n" in proc.stderr and proc.stderr.count("\n") == 1
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT status FROM runs").fetchall() == [("failed",)]
+    conn.close()
+
+
 def test_sglang_server_info_discovery_end_to_end(tmp_path: Path, publishers, capsys) -> None:
     pub = publishers("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
     port = int(pub.endpoint.rsplit(":", 1)[1])

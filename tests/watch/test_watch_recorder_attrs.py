@@ -77,3 +77,31 @@ def test_stored_attributes_follow_each_change(tmp_path: Path) -> None:
     )
     assert final["extra_keys_events"] == 2
     assert _attrs(path)[b.index]["media"] == ["GPU"]
+
+
+def test_a_batch_that_cannot_be_made_into_rows_is_one_bad_message(tmp_path: Path) -> None:
+    """Decoding refuses what it knows to be bad (a NaN timestamp among it); whatever else
+    fails to become rows is its source's bad message: the thread, and every other
+    batch of the flush, go on (it had stopped the recorder's thread, and the watch
+    hung)."""
+    path = tmp_path / "w.db"
+    recorder = WatchRecorder(path, {})
+    stream = Stream(recorder.next_source_index(), expand_sources("tcp://h:1")[0], None, "")
+    recorder.new_stream(stream)
+    good = decode_batch(msgpack.packb([time.time(), [_stored([1, 2])], 0]))
+    bad = decode_batch(msgpack.packb([time.time(), [_stored([3])], 0]))
+    bad.ts = float("nan")  # past decoding: what the recorder cannot make rows of
+    recorder.on_batch(stream, 0, good)
+    recorder.on_batch(stream, 1, bad)
+    recorder.on_batch(stream, 2, decode_batch(msgpack.packb([time.time(), [_stored([4])], 0])))
+    recorder.flush()
+    recorder.finish()
+    conn = sqlite3.connect(path)
+    rows = conn.execute("SELECT seq, blocks FROM watch_blocks ORDER BY rowid").fetchall()
+    incidents = conn.execute("SELECT kind, first_seq, detail FROM watch_incidents").fetchall()
+    (bad_messages,) = conn.execute("SELECT bad_messages FROM watch_sources").fetchone()
+    conn.close()
+    assert rows == [(0, 2), (2, 1)]
+    assert [(k, s) for k, s, _ in incidents] == [("bad_message", 1)]
+    assert "could not record the batch" in incidents[0][2] and bad_messages == 1
+    assert recorder.last_bad_message.startswith("could not record the batch")

@@ -225,3 +225,33 @@ def test_newer_fields_are_kept_per_source_and_shown() -> None:
         assert (
             "2 sessions" in summary and "1 cache salts" in summary and "LoRA adapter-a" in summary
         )
+
+
+@pytest.mark.parametrize("ts", [float("nan"), float("inf"), -float("inf"), 1.8e308, -1.0, 1e10])
+def test_a_batch_timestamp_that_is_no_time_is_a_bad_message(ts: float) -> None:
+    """NaN, infinity or 1e308 had stopped the recorder's thread (its clock is int64
+    nanoseconds), and the whole watch with it; on either decoding path it is one bad
+    message now."""
+    usual = msgpack.packb([ts, [{"type": "BlockRemoved", "block_hashes": [1]}], 0])
+    unusual = msgpack.packb([ts, [{"type": "Novel"}]])
+    for payload in (usual, unusual):
+        with pytest.raises(KvscopeError, match="timestamp"):
+            decode_batch(payload)
+    assert decode_batch(msgpack.packb([0, [], 0])).ts == 0.0
+
+
+@pytest.mark.parametrize("name", ["group_idx", "block_size", "dp_rank"])
+def test_an_int_field_sqlite_cannot_hold_is_a_bad_message(name: str) -> None:
+    """An int past 64 bits signed had failed the writer's whole chunk (OverflowError
+    on insert), every source's rows in it; the largest that fits still decodes."""
+    for value, fits in (((1 << 63) - 1, True), (1 << 63, False), ((1 << 64) - 1, False)):
+        stored = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None}
+        event = stored | ({} if name == "dp_rank" else {name: value})
+        dp_rank = value if name == "dp_rank" else 0
+        for extra in ({}, {"novel": 1}):  # the usual batch, and the general path
+            payload = msgpack.packb([1.0, [event | extra], dp_rank])
+            if fits:
+                decode_batch(payload)
+            else:
+                with pytest.raises(KvscopeError, match=name):
+                    decode_batch(payload)
