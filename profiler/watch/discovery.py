@@ -29,14 +29,34 @@ def sources_from_info(url: str, info: Any) -> list[SourceSpec]:
         host = urlsplit(url).hostname or "127.0.0.1"
     if ":" in str(host) and not str(host).startswith("["):
         host = f"[{host}]"  # an IPv6 literal
+    port = _whole(url, events, "endpoint_port_base")
     replay_port = events.get("replay_endpoint_port_base")
     return expand_sources(
-        f"tcp://{host}:{int(events['endpoint_port_base'])}",
-        replay=None if replay_port is None else f"tcp://{host}:{int(replay_port)}",
+        f"tcp://{host}:{port}",
+        replay=None
+        if replay_port is None
+        else f"tcp://{host}:{_whole(url, events, 'replay_endpoint_port_base')}",
         topic=str(events.get("topic") or ""),
-        dp_size=int(events.get("dp_size") or 1),
+        dp_size=_whole(url, events, "dp_size") if events.get("dp_size") else 1,
         engine="sglang",
     )
+
+
+def _whole(url: str, events: dict, name: str) -> int:
+    """``kv_events[name]`` as an int (a number, or its text); anything else is the
+    server's error, said in one line (a list or 'abc' there had been a traceback)."""
+    value = events.get(name)
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError
+        number = float(value) if isinstance(value, (float, str)) else value
+        if number != int(number):
+            raise ValueError
+        return int(number)
+    except (ValueError, OverflowError):
+        raise KvscopeError(
+            f"{url} advertises kv_events {name} = {value!r}, not a whole number"
+        ) from None
 
 
 def discover(url: str) -> list[SourceSpec]:

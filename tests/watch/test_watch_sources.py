@@ -91,3 +91,21 @@ def test_sglang_server_info_discovery() -> None:
     ]
     with pytest.raises(KvscopeError, match="advertises no kv_events"):
         sources_from_info("http://h/server_info", {"model_path": "x"})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("endpoint_port_base", "abc"), ("endpoint_port_base", [1]), ("endpoint_port_base", 1e400),
+     ("endpoint_port_base", 5557.5), ("dp_size", "x"), ("replay_endpoint_port_base", "r"),
+     ("dp_size", True)],
+)  # fmt: skip
+def test_a_server_info_field_that_is_no_whole_number_is_one_error(field: str, value) -> None:
+    """A malformed /server_info had ended the watch in a traceback (ValueError,
+    TypeError, OverflowError from int())."""
+    events = {"endpoint_port_base": 5557} | {field: value}
+    with pytest.raises(KvscopeError, match=f"kv_events {field} = .*not a whole number"):
+        sources_from_info("http://h:1/server_info", {"kv_events": events})
+    text = {"endpoint_port_base": "5557", "dp_size": 2.0, "replay_endpoint_port_base": "5600"}
+    specs = sources_from_info("http://h:1/server_info", {"kv_events": text})
+    assert [(s.endpoint, s.replay) for s in specs] == [
+        ("tcp://h:5557", "tcp://h:5600"), ("tcp://h:5558", "tcp://h:5601")]  # fmt: skip
