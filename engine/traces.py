@@ -121,8 +121,12 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
     requests = []
     for where, record in jsonl_records(path):
         arrival = record.get("arrival_s", 0.0)
-        if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or arrival < 0:
-            raise KvscopeError(f"{where}: arrival_s must be a number >= 0, got {arrival!r}")
+        if (
+            isinstance(arrival, bool)
+            or not isinstance(arrival, (int, float))
+            or not 0 <= arrival < math.inf  # NaN and infinity had been tracebacks
+        ):
+            raise KvscopeError(f"{where}: arrival_s must be a finite number >= 0, got {arrival!r}")
         requests.append(
             TraceRequest(
                 _positive_int(record, "prompt_len", where),

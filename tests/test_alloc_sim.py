@@ -232,6 +232,8 @@ def test_jsonl_trace_reads_requests_and_skips_blank_lines(tmp_path):
             "t.jsonl:2: prompt_len must be a positive integer",
         ),
         ('{"prompt_len": 4, "output_len": 1, "arrival_s": -1}', "t.jsonl:2: arrival_s must be"),
+        ('{"prompt_len": 4, "output_len": 1, "arrival_s": NaN}', "finite number >= 0, got nan"),
+        ('{"prompt_len": 4, "output_len": 1, "arrival_s": Infinity}', "finite number"),
         ("[1, 2]", "t.jsonl:2: expected a JSON object"),
     ],
 )

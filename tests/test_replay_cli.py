@@ -59,6 +59,11 @@ def test_malformed_line_names_its_number_and_writes_nothing(capsys, tmp_path):
         (None, ("--format", "nope"), ("invalid choice",)),
         ('{"timestamp": 0, "input_length": -4, "output_length": 1, "hash_ids": [1]}', (),
          ("input_length must be an integer >= 1", ":1")),
+        # NaN had hung the replay (that arrival never came), Infinity been a traceback
+        ('{"timestamp": NaN, "input_length": 4, "output_length": 1, "hash_ids": [1]}', (),
+         ("timestamp must be a finite number >= 0, got nan", ":1")),
+        ('{"timestamp": Infinity, "input_length": 4, "output_length": 1, "hash_ids": [1]}',
+         (), ("timestamp must be a finite number >= 0, got inf", ":1")),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, content, args, fragments):
@@ -69,6 +74,22 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, content, args, fragm
     assert code == 2
     one_error(err, *fragments)
     assert not (tmp_path / "r.db").exists()
+
+
+def test_an_arrival_too_far_off_to_bound_a_burst_is_waited_for(capsys, tmp_path):
+    """1e300 s away at --speed 1e-300 is no step count (infinity): the decode burst
+    before it is bounded by the requests alone (it had been an OverflowError)."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"timestamp": 1e300, "input_length": 100, "output_length": 4, "hash_ids": [1, 2]}\n'
+        '{"timestamp": 0, "input_length": 100, "output_length": 4, "hash_ids": [1, 2]}\n'
+    )
+    code, out, err = run_cli(
+        capsys, "replay", str(path), "--timing", "roofline", "--capacity", "1e5",
+        "--speed", "1e-300", "--quiet", "--db", str(tmp_path / "r.db"),
+    )  # fmt: skip
+    assert code == 0, err
+    assert "Traceback" not in err
 
 
 def test_inconsistent_hash_ids_are_counted_and_warned(capsys, tmp_path):

@@ -336,8 +336,9 @@ class ReplayDriver:
         k = min(min(left), self.config.max_batched_tokens // len(running))
         if self._next_arrival is not None:
             one = self._decode_step_s(running)
-            if one > 0:
-                k = min(k, max(1, math.ceil((self._next_arrival - self.now_s) / one)))
+            steps = (self._next_arrival - self.now_s) / one if one > 0 else math.inf
+            if steps < math.inf:  # an arrival too far off (--speed 1e-300) bounds nothing
+                k = min(k, max(1, math.ceil(steps)))
         return max(1, k)
 
     def _decode_step_s(self, running: list[Request]) -> float:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from math import inf
 from pathlib import Path
 
 from engine.errors import KvscopeError
@@ -109,8 +110,9 @@ def _number(record: dict, key: str, where: str, default: float | None = None) ->
     value = record.get(key, default)
     if value is None:
         raise KvscopeError(f"{where}: missing {key!r}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise KvscopeError(f"{where}: {key} must be a number >= 0, got {value!r}")
+    # NaN had hung the replay (its arrival never came), infinity had been a traceback
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < inf:
+        raise KvscopeError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
     return float(value)
 
 
