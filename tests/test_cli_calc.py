@@ -320,6 +320,17 @@ def test_simulate_bad_trace_names_the_line(capsys, tmp_path):
     assert "bad.jsonl:2: prompt_len" in run_error(capsys, "simulate", "--trace", str(trace))
 
 
+def test_simulate_a_budget_past_what_it_lays_out_is_one_line(capsys):
+    """--kv-gib 1e12 had been a MemoryError (a list of every page, then an array of
+    them for the page map); the largest budget it lays out still runs, quickly: pages
+    never handed out are a counter."""
+    err = run_error(capsys, "simulate", "--kv-gib", "1e12")
+    assert "token slots of this model's KV" in err and "268,435,456" in err
+    assert "at most 268,435,456" in run_error(capsys, "simulate", "--budget-tokens", str(10**11))
+    r = run_json(capsys, "simulate", "--requests", "20", "--budget-tokens", str(1 << 28))
+    assert r["paged"]["capacity_slots"] == 1 << 28 and r["paged"]["max_batch"] >= 20
+
+
 def test_cliff_chart_labels_sit_on_their_lines_on_log_axes(capsys):
     """plotly reads annotation positions on log axes as log10: the labels must be converted."""
     import math

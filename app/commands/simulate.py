@@ -35,6 +35,12 @@ MAX_LEN = 1 << 24  # tokens per request: past any model's context
 PLOT_POINTS = 1000  # per series; enough for a smooth line, small enough for a light HTML file
 
 
+# The budget's slots the simulation lays out: its last page map is an array of the
+# budget's pages (hundreds of times a GPU's KV cache; --kv-gib 1e12 had been a
+# MemoryError).
+MAX_BUDGET_SLOTS = 1 << 28
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "simulate",
@@ -62,7 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     trace.add_argument("--seed", type=int, default=0)
     memory = parser.add_argument_group("budget")
-    memory.add_argument("--budget-tokens", type=at_most(1 << 40), help="KV budget in token slots")
+    memory.add_argument(
+        "--budget-tokens", type=at_most(MAX_BUDGET_SLOTS), help="KV budget in token slots"
+    )
     memory.add_argument("--kv-gib", type=positive, help="KV budget in GiB (default 16384 slots)")
     memory.add_argument(
         "--preset",
@@ -95,7 +103,13 @@ def _budget_slots(args: argparse.Namespace, bytes_per_token: float) -> int:
     if args.budget_tokens and args.kv_gib:
         raise KvscopeError("give --budget-tokens or --kv-gib, not both")
     if args.kv_gib:
-        return int(args.kv_gib * GIB // bytes_per_token)
+        slots = int(args.kv_gib * GIB // bytes_per_token)
+        if slots > MAX_BUDGET_SLOTS:
+            raise KvscopeError(
+                f"--kv-gib {args.kv_gib:g} is {slots:,} token slots of this model's KV; "
+                f"the simulation lays out at most {MAX_BUDGET_SLOTS:,}"
+            )
+        return slots
     return args.budget_tokens or 16384
 
 

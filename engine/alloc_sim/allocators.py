@@ -179,38 +179,51 @@ class PagedAllocator(Allocator):
         super().__init__(capacity)
         self.page_size = page_size
         self.num_pages = capacity // page_size
-        # Popping from the end hands out low page ids first.
-        self.free_pages = list(range(self.num_pages - 1, -1, -1))
+        # Pages never handed out are a counter, not a list (a list of every page had
+        # made --kv-gib 1e12 a MemoryError and 1e9 tokens take seconds); freed pages
+        # are handed out again first, the last freed first, and then low page ids,
+        # as popping a list of every page from its end did.
+        self.fresh = 0  # pages 0..fresh-1 have been handed out at some time
+        self.freed: list[int] = []
         self.pages: dict[int, list[int]] = {}
 
     def slots_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size) * self.page_size
 
+    def _free_pages(self) -> int:
+        return len(self.freed) + self.num_pages - self.fresh
+
     def free_slots(self) -> int:
-        return len(self.free_pages) * self.page_size
+        return self._free_pages() * self.page_size
 
     def extents(self) -> list[tuple[int, int, int]]:
         ps = self.page_size
         return [(rid, page * ps, ps) for rid, pages in self.pages.items() for page in pages]
 
+    def _take(self) -> int:
+        if self.freed:
+            return self.freed.pop()
+        self.fresh += 1
+        return self.fresh - 1
+
     def _reserve(self, rid: int, slots: int) -> bool:
         count = slots // self.page_size
-        if count > len(self.free_pages):
+        if count > self._free_pages():
             return False
-        self.pages[rid] = [self.free_pages.pop() for _ in range(count)]
+        self.pages[rid] = [self._take() for _ in range(count)]
         return True
 
     def _grow(self, rid: int) -> int | None:
-        if not self.free_pages:
+        if not self._free_pages():
             return None
-        self.pages[rid].append(self.free_pages.pop())
+        self.pages[rid].append(self._take())
         return self.slots[rid] + self.page_size
 
     def _unreserve(self, rid: int) -> None:
-        self.free_pages.extend(self.pages.pop(rid))
+        self.freed.extend(self.pages.pop(rid))
 
     def _check_layout(self) -> None:
         owned = [p for pages in self.pages.values() for p in pages]
-        assert sorted(owned + self.free_pages) == list(range(self.num_pages)), (
+        assert sorted(owned + self.freed) == list(range(self.fresh)), (
             "a page is owned twice, both owned and free, or lost"
         )
