@@ -18,6 +18,7 @@ from pathlib import Path
 
 from db.pages import _REPLAY_ORDER
 from db.runs import choose_run
+from db.source import stored_json
 from db.store import open_db
 from engine.errors import KvscopeError
 from engine.replay.traces import ReplayTrace, TraceEntry
@@ -29,7 +30,7 @@ def trace_from_run(path: Path, run_id: int | None) -> ReplayTrace:
         run = choose_run(db, run_id)
         conn = db.conn
         row = conn.execute("SELECT config, start_ns FROM runs WHERE id = ?", (run,)).fetchone()
-        config = json.loads(row[0] or "{}")
+        config = stored_json(row[0], run, "config")
         page_size = int(config.get("page_size") or 16)
         requests = conn.execute(
             "SELECT request_id, arrival_ns, prompt_tokens, COALESCE(output_tokens, max_tokens, 1) "

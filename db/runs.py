@@ -8,7 +8,6 @@ preset a run's cost model and %peak figures are read against.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -22,7 +21,7 @@ from db.events import tally
 from db.formulas import RunSummary, RunTotals
 from db.requests import request_progress
 from db.schema import INCOMPLETE, RUNNING
-from db.source import Position, Source, connection, run_origin
+from db.source import Position, Source, connection, run_origin, stored_json
 from engine.errors import KvscopeError
 from engine.events import PageEvicted, PageOffloaded, PageReloaded, RequestPreempted
 from engine.presets import Device, device_preset
@@ -115,7 +114,7 @@ def _run_info(row: Sequence[Any]) -> RunInfo:
     (run_id, kind, model, status, heartbeat, pid, host, started_at, ended_at) = row[:9]
     (events_written, dropped, config, hardware, versions, requests, steps) = row[9:]
     end = ended_at if ended_at is not None else (heartbeat or started_at)
-    config = json.loads(config or "{}")
+    config = stored_json(config, run_id, "config")
     if kind == "simulation" and not requests:  # simulated requests have no request rows
         requests = int(config.get("requests", 0))
     return RunInfo(
@@ -130,8 +129,8 @@ def _run_info(row: Sequence[Any]) -> RunInfo:
         events_written=events_written or 0,
         dropped_events=dropped or 0,
         config=config,
-        hardware=json.loads(hardware or "{}"),
-        versions=json.loads(versions or "{}"),
+        hardware=stored_json(hardware, run_id, "hardware"),
+        versions=stored_json(versions, run_id, "versions"),
     )
 
 

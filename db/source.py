@@ -9,6 +9,7 @@ of time buckets every series and event count uses.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -21,6 +22,19 @@ from db.store import open_db
 from engine.errors import KvscopeError
 
 Source = Database | sqlite3.Connection | str | os.PathLike
+
+
+def stored_json(text: str | None, run_id: int, column: str) -> dict:
+    """A run's JSON column (config, hardware, versions) as a dict, ``{}`` when empty; a
+    damaged one is one error naming the run and the column, not a JSONDecodeError."""
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise KvscopeError(f"run {run_id}'s {column} is not a JSON object: the database is damaged")
+    return value
+
 
 # Open ends of a time window, in nanoseconds.
 NO_START = -(2**62)

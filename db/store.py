@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,7 @@ def open_db(path: str | os.PathLike[str], *, create: bool = True) -> Database:
         db.execute("PRAGMA journal_mode = wal")
         db.execute("PRAGMA synchronous = normal")  # WAL + normal: a crash loses no commit
         migrate(db)
+        _check_tables(db)
     except sqlite3.Error as exc:
         conn.close()
         raise KvscopeError(f"cannot use {path} as a kvscope database: {exc}") from None
@@ -99,6 +101,8 @@ def _open_read_only(path: Path) -> Database:
         try:
             _check_application(db, path)
             version = schema_version(db)
+            if version == SCHEMA_VERSION:
+                _check_tables(db)
         except KvscopeError as exc:
             conn.close()
             raise KvscopeError(f"{path}: {exc}") from None
@@ -110,6 +114,28 @@ def _open_read_only(path: Path) -> Database:
             )
         return db
     raise KvscopeError(f"cannot read database {path}: {error}")
+
+
+@cache
+def _schema_tables() -> frozenset[str]:
+    """The tables a database of this schema version has: made once, in memory."""
+    db = Database(sqlite3.connect(":memory:"), execute_plugins=False)
+    migrate(db)
+    tables = frozenset(db.table_names())
+    db.conn.close()
+    return tables
+
+
+def _check_tables(db: Database) -> None:
+    """A file at this schema version lacking one of its tables was damaged (by hand,
+    or by another tool): one error that says so, not a reader's "no such table"
+    traceback later."""
+    missing = sorted(_schema_tables() - set(db.table_names()))
+    if missing:
+        raise KvscopeError(
+            f"a damaged kvscope database: table{'s' * (len(missing) > 1)} "
+            f"{', '.join(missing)} missing"
+        )
 
 
 def _check_application(db: Database, path: Path) -> None:

@@ -9,13 +9,12 @@ runs; its missed tokens by reason from ``db.miss_reasons``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from db.events import prefix_tokens
 from db.formulas import hit_rate
 from db.miss_reasons import MissCounts, run_miss_reasons
-from db.source import Source, connection
+from db.source import Source, connection, stored_json
 
 REPLAY = "replay"
 
@@ -57,7 +56,7 @@ def _replay_runs(conn) -> list[tuple[int, dict, str, float]]:
     rows = conn.execute(
         "SELECT id, config, status, started_at FROM runs WHERE kind = ? ORDER BY id", (REPLAY,)
     ).fetchall()
-    return [(rid, json.loads(config or "{}"), status, t) for rid, config, status, t in rows]
+    return [(rid, stored_json(config, rid, "config"), status, t) for rid, config, status, t in rows]
 
 
 def list_sweeps(source: Source) -> list[Sweep]:

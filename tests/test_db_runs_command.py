@@ -121,3 +121,30 @@ def test_simulate_records_only_when_asked(tmp_path: Path, monkeypatch, capsys) -
     assert "recorded runs 1, 2, 3 in kvscope.db" in capsys.readouterr().out
     assert main(["runs", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 3
+
+
+def test_a_run_whose_config_is_not_json_is_one_error_line(tmp_path: Path, capsys) -> None:
+    """A damaged config, hardware or versions column had been a JSONDecodeError
+    traceback in runs, report and replay; it names the run and the column."""
+    import sqlite3
+
+    from db.store import open_db
+    from db.writer import create_run
+
+    path = tmp_path / "k.db"
+    db = open_db(path)
+    run_id = create_run(db, kind="replay", model=None, config={}, hardware={}, versions={},
+                        started_at=1.0, start_ns=0)  # fmt: skip
+    db.conn.close()
+    for column in ("config", "hardware", "versions"):
+        with sqlite3.connect(path) as conn:
+            conn.execute(f"UPDATE runs SET {column} = '{{not json' WHERE id = ?", (run_id,))
+        assert main(["runs", "--db", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"kvscope: error: run {run_id}'s {column} is not a JSON object: the database "
+            "is damaged\n"
+        )
+        with sqlite3.connect(path) as conn:
+            conn.execute(f"UPDATE runs SET {column} = '{{}}' WHERE id = ?", (run_id,))
+    assert main(["runs", "--db", str(path)]) == 0

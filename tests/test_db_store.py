@@ -154,3 +154,22 @@ def test_migration_to_version_4_keeps_gpu_samples_under_gpu_index(tmp_path: Path
     assert sorted({p.gpu_index for p in points}) == [0, 1]
     assert sorted(p.utilization_pct for p in points) == [40.0, 41.0, 42.0, 43.0]
     db.conn.close()
+
+
+def test_a_database_missing_one_of_its_tables_is_one_error(tmp_path: Path) -> None:
+    """Tables dropped by hand (or another tool) had been a reader's "no such table"
+    traceback in runs, report, replay and tui; opening says so instead, read-write and
+    read-only alike."""
+    path = tmp_path / "k.db"
+    open_db(path).conn.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE requests")
+        conn.execute("DROP TABLE steps")
+    with pytest.raises(KvscopeError, match="damaged kvscope database: tables requests, steps"):
+        open_db(path)
+    path.chmod(0o444)
+    try:
+        with pytest.raises(KvscopeError, match="tables requests, steps missing"):
+            open_db(path, create=False)
+    finally:
+        path.chmod(0o644)
