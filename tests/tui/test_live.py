@@ -83,15 +83,23 @@ async def test_a_run_without_steps_yet_shows_placeholders(tmp_path: Path) -> Non
     recorder.finish("complete")
 
 
-def engine_job(path: Path, step_pause_s: float = 0.01, **params: Any):
+def engine_job(
+    path: Path, step_pause_s: float = 0.01, release: threading.Event | None = None, **params: Any
+):
     """A stand-in for ``kvscope run``'s workload: records a synthetic run at an
-    engine's pace and stops (marking the run interrupted) when asked."""
+    engine's pace and stops (marking the run interrupted) when asked. With ``release``,
+    it holds its last event until that is set: a test of what happens while a run
+    still records then needs no guess at how long a loaded machine takes to draw."""
 
     def job(stop: threading.Event) -> dict[str, Any]:
         recorder = make_recorder(path, flush_interval_s=0.05)
         recorder.start()
         run = SyntheticRun(recorder.start_ns, **params)
-        for event in run.events:
+        events = run.events
+        for i, event in enumerate(events):
+            while release is not None and i == len(events) - 1 and not release.wait(0.05):
+                if stop.is_set():
+                    break
             if stop.is_set():
                 recorder.finish("interrupted")
                 return {"run_id": recorder.run_id, "status": "interrupted"}
@@ -152,13 +160,16 @@ async def test_quitting_early_stops_the_job(tmp_path: Path) -> None:
 @aio
 async def test_detaching_lets_the_job_finish_headless(tmp_path: Path) -> None:
     path = tmp_path / "detach.db"
-    # slow steps: the job must still be running when the user quits on a loaded machine
-    app = KvscopeApp(path, job=engine_job(path, step_pause_s=0.25, **SMALL), refresh_s=0.05)
+    # The job holds its last event until released: still running when the user quits,
+    # however long a loaded machine takes to draw (0.25 s steps had not been enough).
+    release = threading.Event()
+    app = KvscopeApp(path, job=engine_job(path, release=release, **SMALL), refresh_s=0.05)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for_view(pilot, app, lambda v: v.row is not None)
         assert not app.job_done.is_set()
         await pilot.press("q", "d")
-    assert app.detached and not app.stop.is_set()
+    assert app.detached and not app.stop.is_set() and not app.job_done.is_set()
+    release.set()
     assert app.job_done.wait(60)
     assert app.job_result is not None and app.job_result["status"] == "complete"
 
