@@ -238,6 +238,23 @@ def _on_sigterm():
     return signal.signal(signal.SIGTERM, _terminate)
 
 
+def _warn_unconnected(streams: list) -> None:
+    """One warning line for the sources this watch never reached: ZMQ retries a
+    connection quietly, so a typo'd host or port, or an engine without KV events on,
+    had looked like an idle engine (exit 0, a complete run of nothing)."""
+    never = [
+        s.spec.endpoint for s in streams if not (s.spec.listen or s.connects or s.batches)
+    ]
+    if not never:
+        return
+    which = never[0] if len(never) == 1 else f"{len(never)} sources ({never[0]}, ...)"
+    print(
+        f"kvscope: warning: never connected to {which}: is an engine publishing KV events "
+        "there (vLLM --kv-events-config, SGLang --kv-events-config)?",
+        file=sys.stderr,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from profiler.watch.session import WatchSession
 
@@ -312,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         print(("\n" if tty else "") + f"run {session.run_id} {final}: " + _line(status))
+    _warn_unconnected(session.subscriber.streams)
     if final == FAILED:
         raise KvscopeError(f"watch stopped: {session.error}")
     if final == INTERRUPTED:

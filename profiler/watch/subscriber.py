@@ -59,6 +59,7 @@ class Stream:
     lost_batches: int = 0
     restarts: int = 0
     disconnects: int = 0
+    connects: int = 0  # connections made (or, listening, accepted) on its socket
     last_ts: float | None = None  # the engine's timestamp on the last batch accepted
     replaying: _Replay | None = None  # a gap being fetched: live batches wait behind it
     bad_messages: int = 0
@@ -248,6 +249,7 @@ class Subscriber:
             stream.disconnects += 1
             self._sink.on_incident(stream, "disconnected", detail=_text(event["endpoint"]))
         else:
+            stream.connects += 1
             self._sink.on_incident(stream, "connected", detail=_text(event["endpoint"]))
 
     def _stream_for(self, sock: _Socket, topic: bytes, batch: EventBatch) -> Stream:

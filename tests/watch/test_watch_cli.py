@@ -230,3 +230,16 @@ def test_keep_raw_durations() -> None:
         43200,
         604800,
     ]
+
+
+def test_a_source_never_reached_is_one_warning_line(tmp_path: Path, publishers, capsys) -> None:
+    """ZMQ retries a connection quietly: a port nobody publishes on had looked like an
+    idle engine. A source that connected (and is idle) is no warning."""
+    nobody = f"tcp://127.0.0.1:{free_port()}"
+    idle = publishers().endpoint
+    args = ["watch", str(tmp_path / "w.db"), "--source", nobody, "--source", idle,
+            "--duration", "1"]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvscope: warning: never connected to {nobody}: ")
+    assert err.count("\n") == 1 and idle not in err
