@@ -104,3 +104,20 @@ def test_compare_starts_from_the_selected_run_with_rounded_config(tmp_path):
     out = call(app, "compare-config.data", [ids[0], ids[1]], None, trigger="compare-runs.value")
     rate = next(row for row in out[2] if row["metric"] == "rate")
     assert rate[f"#{ids[0]}"] == "0.3" and rate[f"#{ids[1]}"] == "2"
+
+
+def test_the_dashboard_url_of_an_ipv6_host_has_brackets(tmp_path):
+    """``dash --host ::1`` had printed http://::1:8050/, which no browser opens."""
+    import urllib.request
+
+    from app.dashboard.server import Server, create_app
+    from db.store import open_db
+
+    open_db(tmp_path / "k.db").conn.close()
+    server = Server(create_app(tmp_path / "k.db"), host="::1", port=0).start()
+    try:
+        assert server.url == f"http://[::1]:{server.port}/"
+        with urllib.request.urlopen(server.url, timeout=30) as response:
+            assert response.status == 200
+    finally:
+        server.stop()

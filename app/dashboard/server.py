@@ -84,7 +84,9 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/"
+        # an IPv6 literal goes in brackets (http://::1:8050/ is no address a browser opens)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
 
     def serve_forever(self) -> None:
         self._server.serve_forever()
