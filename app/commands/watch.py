@@ -242,9 +242,7 @@ def _warn_unconnected(streams: list) -> None:
     """One warning line for the sources this watch never reached: ZMQ retries a
     connection quietly, so a typo'd host or port, or an engine without KV events on,
     had looked like an idle engine (exit 0, a complete run of nothing)."""
-    never = [
-        s.spec.endpoint for s in streams if not (s.spec.listen or s.connects or s.batches)
-    ]
+    never = [s.spec.endpoint for s in streams if not (s.spec.listen or s.connects or s.batches)]
     if not never:
         return
     which = never[0] if len(never) == 1 else f"{len(never)} sources ({never[0]}, ...)"
