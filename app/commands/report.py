@@ -88,6 +88,15 @@ def run(args: argparse.Namespace) -> int:
                 else json.dumps(build_trace(db, run_id))
             )
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
+            _write(out, text)
     print(out)
     return 0
+
+
+def _write(out: Path, text: str) -> None:
+    """``text`` into ``out``; a write that fails after the file opened (a full disk,
+    /proc) had been only its reason ("No space left on device"): the path with it."""
+    try:
+        out.write_text(text)
+    except OSError as exc:
+        raise KvscopeError(f"cannot write {out}: {exc.strerror or exc}") from None

@@ -61,3 +61,12 @@ def test_default_output_name(synthetic_db, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["report", str(path), "--format", "csv"]) == 0
     assert (tmp_path / f"kvscope-run{run_id}-csv").is_dir()
+
+
+def test_a_write_that_fails_after_opening_names_the_path(synthetic_db, capsys):
+    """A full disk had been only "No space left on device": which file, it did not say."""
+    path, _, _ = synthetic_db
+    for fmt in ("html", "trace"):
+        assert main(["report", str(path), "--format", fmt, "-o", "/dev/full"]) == 2
+        err = capsys.readouterr().err
+        assert err == "kvscope: error: cannot write /dev/full: No space left on device\n"
