@@ -66,6 +66,16 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def plot_file(text: str) -> str:
+    """A chart's file name: .html or .png, checked before the work that fills it (an
+    empty name had written nothing and said nothing; a wrong suffix was found only
+    after the whole simulation or replay)."""
+    suffix = text.rsplit(".", 1)[-1].lower() if "." in text else ""
+    if not text or suffix not in ("html", "htm", "png"):
+        raise argparse.ArgumentTypeError(f"needs a file name ending in .html or .png, got {text!r}")
+    return text
+
+
 def at_most(limit: int):
     """A positive integer no larger than ``limit``: a count past it is a typo, not a plan
     (200 requests are a workload; 10^9 would only exhaust memory building it)."""

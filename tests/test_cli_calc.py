@@ -309,9 +309,12 @@ def test_simulate_writes_an_html_plot_and_rejects_other_formats(capsys, tmp_path
     html = target.read_text()
     assert "plotly" in html.lower() and "token-slot utilization" in html
     assert "paged" in capsys.readouterr().out
-    assert "writes .html or .png" in run_error(
-        capsys, "simulate", "--requests", "5", "--plot", str(tmp_path / "x.svg")
-    )
+    # checked with the arguments, before the simulation: a wrong suffix, or no name at all
+    # (which had written nothing and said nothing), on each command that plots
+    for command in (["simulate"], ["replay", "t.jsonl"], ["calc", "cliff"]):
+        for name in (str(tmp_path / "x.svg"), ""):
+            err = run_error(capsys, *command, "--plot", name)
+            assert f"--plot: needs a file name ending in .html or .png, got {name!r}" in err
 
 
 def test_simulate_bad_trace_names_the_line(capsys, tmp_path):

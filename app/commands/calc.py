@@ -26,6 +26,7 @@ from app.sizing_args import (
     memory_budget,
     memory_rows,
     parse_residency,
+    plot_file,
     positive,
     positive_int,
     resolve_model,
@@ -96,7 +97,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=positive_int,
         help="longest context in the table and the plot (default 131072)",
     )
-    cliff.add_argument("--plot", metavar="FILE", help="write the curves to FILE.html (or .png)")
+    cliff.add_argument(
+        "--plot", metavar="FILE", type=plot_file, help="write the curves to FILE.html (or .png)"
+    )
     cliff.set_defaults(handler=run_cliff)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from app.db_argument import add_db_argument, db_path
 from app.engine_options import parse_size
 from app.output_format import format_table, human_bytes
-from app.sizing_args import positive, positive_int
+from app.sizing_args import plot_file, positive, positive_int
 from engine.errors import KvscopeError
 from engine.events import EventBus
 from engine.eviction import POLICIES
@@ -143,7 +143,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tm.add_argument("--max-num-seqs", type=positive_int, default=256)
     o = parser.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print one JSON object")
-    o.add_argument("--plot", metavar="FILE", help="hit rate vs capacity to FILE.html or FILE.png")
+    o.add_argument(
+        "--plot", metavar="FILE", type=plot_file,
+        help="hit rate vs capacity to FILE.html or FILE.png",
+    )  # fmt: skip
     o.add_argument("--workers", type=positive_int, help=f"processes (default {default_workers()})")
     o.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_db_argument(

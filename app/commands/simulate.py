@@ -16,7 +16,7 @@ from typing import Any
 from app.db_argument import add_db_argument, db_path
 from app.output_format import format_table, human_bytes
 from app.progress import Progress
-from app.sizing_args import at_most, non_negative, positive
+from app.sizing_args import at_most, non_negative, plot_file, positive
 from app.workloads import MAX_REQUESTS
 from engine.alloc_sim import (
     Allocator,
@@ -89,7 +89,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--step-ms", type=positive, default=25.0, help="one decode step, for arrivals"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--plot", metavar="FILE", help="write charts to FILE.html or FILE.png")
+    parser.add_argument(
+        "--plot", metavar="FILE", type=plot_file, help="write charts to FILE.html or FILE.png"
+    )
     add_db_argument(
         parser,
         positional=False,
@@ -239,7 +241,11 @@ def write_plot(fig: Any, path: str) -> None:
         try:
             fig.write_image(target, scale=1)
         except (ImportError, ValueError, RuntimeError) as exc:
-            raise KvscopeError(f"cannot write PNG (is kaleido installed?): {exc}") from None
+            # Kaleido's reasons run to paragraphs (how to install Chrome): the first line
+            first = next((line for line in str(exc).splitlines() if line.strip()), str(exc))
+            raise KvscopeError(
+                f"cannot write PNG {target} (is kaleido installed?): {first}"
+            ) from None
     elif target.suffix in (".html", ".htm"):
         fig.write_html(target, include_plotlyjs=True)
     else:
