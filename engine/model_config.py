@@ -103,30 +103,46 @@ class ModelConfig:
             raise ModelLoadError(f"cannot read {path} as a config.json: {exc}") from None
         if not isinstance(raw, dict):
             raise ModelLoadError(f"{path} is not a config.json (not a JSON object)")
-        model_type = raw.get("model_type", "")
+        if "model_type" not in raw:
+            raise ModelLoadError(f"{path} has no 'model_type'")
+        model_type = raw["model_type"]
         if model_type not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(
                 f"unsupported architecture {model_type!r} in {path}; kvscope runs {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+
+        def count(key: str, default: int | None = None) -> int:
+            """A size or count: a whole number >= 1 (2.5 or true had been taken as 2 or
+            1, and 0 heads had been a division by zero)."""
+            value = raw[key] if default is None else (raw.get(key) or default)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelLoadError(f"{path}: {key} must be a whole number >= 1, got {value!r}")
+            return value
+
+        required = ("num_hidden_layers", "num_attention_heads", "hidden_size",
+                    "intermediate_size", "vocab_size")  # fmt: skip
+        missing = next((k for k in required if k not in raw), None)
+        if missing is not None:  # what is missing first, then what is wrong
+            raise ModelLoadError(f"{path} has no {missing!r}")
         try:
-            heads = int(raw["num_attention_heads"])
-            hidden = int(raw["hidden_size"])
+            heads = count("num_attention_heads")
+            hidden = count("hidden_size")
             return cls(
                 architecture=model_type,
-                num_layers=int(raw["num_hidden_layers"]),
+                num_layers=count("num_hidden_layers"),
                 hidden_size=hidden,
-                intermediate_size=int(raw["intermediate_size"]),
+                intermediate_size=count("intermediate_size"),
                 num_q_heads=heads,
-                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-                head_dim=int(raw.get("head_dim") or hidden // heads),
-                vocab_size=int(raw["vocab_size"]),
+                num_kv_heads=count("num_key_value_heads", heads),
+                head_dim=count("head_dim", hidden // heads),
+                vocab_size=count("vocab_size"),
                 rope_theta=float(
                     raw.get(
                         "rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)
                     )
                 ),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                max_position=int(raw.get("max_position_embeddings", 2048)),
+                max_position=count("max_position_embeddings", 2048),
                 tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
                 name=path.parent.name,

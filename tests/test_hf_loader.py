@@ -80,3 +80,30 @@ def test_unsupported_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
     with pytest.raises(ModelLoadError, match="unsupported architecture 'gpt2'"):
         load_model(tmp_path)
+
+
+GOOD_SHAPE = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "hidden_size": 64, "intermediate_size": 128,
+              "vocab_size": 100}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("num_hidden_layers", 2.5), ("num_hidden_layers", True), ("num_attention_heads", 0),
+     ("hidden_size", "64"), ("vocab_size", -1), ("head_dim", 1.5),
+     ("max_position_embeddings", "x")],
+)  # fmt: skip
+def test_a_size_that_is_no_whole_number_is_named(tmp_path, field, value):
+    """2.5 or true had been taken as 2 or 1, and 0 heads had been 'integer division or
+    modulo by zero'; the field and its value are named instead."""
+    from engine.model_config import ModelConfig
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GOOD_SHAPE))
+    assert ModelConfig.from_hf_config(path).head_dim == 16
+    path.write_text(json.dumps(GOOD_SHAPE | {field: value}))
+    with pytest.raises(ModelLoadError, match=f"{field} must be a whole number >= 1, got"):
+        ModelConfig.from_hf_config(path)
+    path.write_text(json.dumps({k: v for k, v in GOOD_SHAPE.items() if k != "model_type"}))
+    with pytest.raises(ModelLoadError, match="has no 'model_type'"):
+        ModelConfig.from_hf_config(path)
