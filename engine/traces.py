@@ -115,17 +115,19 @@ def jsonl_records(path: str | Path, comments: bool = False) -> Iterator[tuple[st
         yield where, record
 
 
+def is_time(value: object) -> bool:
+    """A finite number of seconds >= 0 (a JSON bool is no number; NaN and infinity had
+    hung a replay or been tracebacks)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < math.inf
+
+
 def read_trace(path: str | Path) -> list[TraceRequest]:
     """Read JSONL: one object per line with ``prompt_len``, ``output_len``, optional ``arrival_s``."""
     path = Path(path)
     requests = []
     for where, record in jsonl_records(path):
         arrival = record.get("arrival_s", 0.0)
-        if (
-            isinstance(arrival, bool)
-            or not isinstance(arrival, (int, float))
-            or not 0 <= arrival < math.inf  # NaN and infinity had been tracebacks
-        ):
+        if not is_time(arrival):
             raise KvscopeError(f"{where}: arrival_s must be a finite number >= 0, got {arrival!r}")
         requests.append(
             TraceRequest(

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from math import inf
 from pathlib import Path
 
 from engine.errors import KvscopeError
 from engine.replay.tokens import NEVER, KeySpace
-from engine.traces import jsonl_records
+from engine.traces import is_time, jsonl_records
 
 FORMATS = ("mooncake", "bailian", "kvscope")
 DEFAULT_BLOCK_SIZE = {"mooncake": 512, "bailian": 16}
@@ -110,8 +109,7 @@ def _number(record: dict, key: str, where: str, default: float | None = None) ->
     value = record.get(key, default)
     if value is None:
         raise KvscopeError(f"{where}: missing {key!r}")
-    # NaN had hung the replay (its arrival never came), infinity had been a traceback
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < inf:
+    if not is_time(value):
         raise KvscopeError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
     return float(value)
 

@@ -424,7 +424,7 @@ class WatchRecorder:
                     # be made into rows is one bad message of its source, not the end of
                     # this thread (and of every source's recording with it).
                     del batch.blocks[made[0] :], batch.raw[made[1] :], hash_lists[made[2] :]
-                    self._bad_batch(index, seq, exc, batch)
+                    self._bad_batch(index, seq, exc)
         # Let go of the batches before the handover: marshal keeps a table of every
         # object referenced more than once, as half the hashes are while their batch
         # lives (by its struct and by the row): that had doubled its time.
@@ -446,15 +446,15 @@ class WatchRecorder:
             self.trim_raw()
         return len(batch.blocks) + len(batch.raw)
 
-    def _bad_batch(self, index: int, seq: int | None, exc: Exception, batch: WatchBatch) -> None:
+    def _bad_batch(self, index: int, seq: int | None, exc: Exception) -> None:
         """A queued batch that could not be made into rows: counted as its source's bad
-        message (``batch``'s incident, in this flush)."""
+        message (its incident goes with the next flush)."""
         stream = self._streams.get(index)
         if stream is not None:
             stream.bad_messages += 1
-        detail = f"could not record the batch: {exc}"
-        self.last_bad_message = detail
-        batch.incidents.append((index, self.clock_ns(), "bad_message", seq, seq, 0, 0, detail))
+        self.add_incident(
+            index, "bad_message", seq, seq, detail=f"could not record the batch: {exc}"
+        )
 
     def _child_news(self) -> None:
         """What the writer process reported: rows it could not write, and why."""

@@ -69,6 +69,7 @@ _SEQ = struct.Struct(">Q")
 _SIGNED_SEQ = struct.Struct(">q")
 _TWO_64 = 1 << 64
 _MAX_INT64 = (1 << 63) - 1
+_MIN_INT64 = -(1 << 63)
 # The replay stream ends with this sequence number (8 signed bytes).
 REPLAY_END = -1
 
@@ -228,14 +229,14 @@ _SCALARS = (
 )
 # What SQLite stores of an int field (group_idx, block_size, dp_rank): a signed 64-bit
 # integer. A larger one had failed the writer's whole chunk, every source's rows in it.
-_INT64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=_MAX_INT64)]
+_INT64 = Annotated[int, msgspec.Meta(ge=_MIN_INT64, le=_MAX_INT64)]
 # A batch's timestamp: seconds since 1970 that the run's clock (int64 nanoseconds) can
 # hold. NaN, infinity or 1e308 had stopped the recorder's thread, and the watch with it.
 MAX_TS = 9.0e9  # the year 2255
 _TS = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TS)]
 
 
-def check_ts(ts: Any) -> float:
+def _check_ts(ts: Any) -> float:
     """A batch's timestamp as a float; raises KvscopeError for anything that is not
     a time the run's clock can hold."""
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0.0 <= ts <= MAX_TS:
@@ -244,7 +245,7 @@ def check_ts(ts: Any) -> float:
 
 
 def _check_int64(kind: str, name: str, value: int) -> None:
-    if not -(1 << 63) <= value <= _MAX_INT64:
+    if not _MIN_INT64 <= value <= _MAX_INT64:
         raise KvscopeError(f"{kind} {name} {value} does not fit 64 bits")
 
 
@@ -363,7 +364,7 @@ def decode_batch(payload: bytes) -> EventBatch:
         raise KvscopeError(f"batch dp_rank is {type(dp_rank).__name__}, expected an integer")
     if dp_rank is not None:
         _check_int64("batch", "dp_rank", dp_rank)
-    return EventBatch(check_ts(ts), [decode_event(e) for e in events], dp_rank)
+    return EventBatch(_check_ts(ts), [decode_event(e) for e in events], dp_rank)
 
 
 def decode_payload(payload: bytes) -> EventBatch:
