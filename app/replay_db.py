@@ -59,7 +59,12 @@ def trace_from_run(path: Path, run_id: int | None) -> ReplayTrace:
         for i, b in enumerate(ids):
             if b is None:  # never stored (no prefix cache, a run cut short): its own content
                 ids[i] = unique = unique + 1
-        entries.append(TraceEntry((arrival - start) / 1e9, prompt, max(1, output or 1), ids))
+        entries.append(
+            TraceEntry(
+                (arrival - start) / 1e9, prompt, max(1, output or 1), ids,
+                where=f"{path.name}#run{run} request {rid}",
+            )
+        )  # fmt: skip
     return ReplayTrace(f"{path.name}#run{run}", "db", page_size, entries)
 
 

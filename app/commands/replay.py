@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -43,22 +44,40 @@ from engine.sizing import GIB, KV_DTYPES, MemoryBudget, weight_bytes
 # Figure 9 of the Mooncake paper spans 10^4..10^8 tokens; 8 points over it.
 DEFAULT_CAPACITIES = "1e4,1e5,1e6,3e6,1e7,3e7,5e7,1e8"
 DEFAULT_POLICIES = "lru,lfu,fifo,belady"
+DEFAULT_PRESET = "llama3-8b"
+DEFAULT_ROUTINGS = "round-robin,prefix-aware"
+# The context requests are refused beyond unless --max-model-len says: a preset only
+# stands in for bytes per token, and llama3-8b's 8,192 would refuse half of the Mooncake
+# trace (its longest request is 126,527 tokens); 2^20 is above every preset and trace
+# shipped, so only a line no model could serve (1e8 tokens, which had hung) is refused.
+DEFAULT_MAX_MODEL_LEN = 1 << 20
 CEILING_SHARE = 0.9
 MAX_CAPACITY_TOKENS = 10**15  # far past any trace; the ceiling point is the unlimited one
 
 
 def _capacity(text: str) -> tuple[float, str]:
-    """One capacity: a token count (1e6, 3M, 250000) or a size (40GiB): (value, unit)."""
+    """One capacity: a token count (1e6, 3M, 250000) or a size (40GiB): (value, unit).
+
+    A token count must be a whole number: 1.5e5 and 2.5M are, 1.5 is not (it had been
+    taken as 1 and shown so). Counts are read as decimals, so 0.1k is exactly 100."""
     t = text.strip()
     m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)", t, flags=re.IGNORECASE)
     if not m:
         raise KvscopeError(f"invalid capacity {text!r} (examples: 1e6, 3M, 40GiB)")
-    value, unit = float(m.group(1)), m.group(2).lower()
+    unit = m.group(2).lower()
     if unit in ("", "k", "m"):
-        value *= {"": 1, "k": 1e3, "m": 1e6}[unit]
-        if value < 1:
+        count = Decimal(m.group(1))
+        if count > MAX_CAPACITY_TOKENS:  # before any arithmetic: 1e9999999999 overflows it
+            raise KvscopeError(f"capacity {text} is above {MAX_CAPACITY_TOKENS:.0e} tokens")
+        count *= {"": 1, "k": 1000, "m": 10**6}[unit]
+        if count < 1:
             raise KvscopeError(f"capacity must be > 0 tokens, got {text!r}")
-        return value, "tokens"
+        if count != count.to_integral_value():
+            raise KvscopeError(
+                f"--capacity {text.strip()} is not a whole number of tokens "
+                "(a count like 150000, 1.5e5 or 2.5M, or a size like 40GiB)"
+            )
+        return float(count), "tokens"
     try:
         size = parse_size(t)
     except argparse.ArgumentTypeError as exc:
@@ -68,10 +87,14 @@ def _capacity(text: str) -> tuple[float, str]:
     return float(size), "bytes"
 
 
-def _list(text: str) -> list[str]:
-    items = [s.strip() for s in text.split(",") if s.strip()]
-    if not items:
-        raise KvscopeError("an empty list")
+def _list(text: str, option: str) -> list[str]:
+    """A comma list's items. An empty item (``1e5,,1e6``, a trailing comma) is refused, not
+    skipped: it is a point the user meant to ask for and would silently not get."""
+    items = [s.strip() for s in text.split(",")]
+    if not any(items):
+        raise KvscopeError(f"{option} needs at least one item, got {text!r}")
+    if "" in items:
+        raise KvscopeError(f"{option} has an empty item in {text!r}")
     return items
 
 
@@ -112,8 +135,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--kv-dtype", default="fp16", choices=list(KV_DTYPES))
     c.add_argument(
         "--preset",
-        default="llama3-8b",
-        help=f"model for bytes per token and roofline: {', '.join(MODELS)}",
+        default=None,
+        help=f"model for bytes per token and roofline: {', '.join(MODELS)} (default "
+        f"{DEFAULT_PRESET})",
+    )
+    c.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        metavar="N",
+        help="refuse requests whose prompt + output exceed N tokens, as vLLM does (default "
+        f"{DEFAULT_MAX_MODEL_LEN:,}, not the preset's context: see README)",
     )
     c.add_argument("--offload", choices=("never", "always", "auto"), default="never")
     c.add_argument("--host-budget", type=parse_size, default=0, help="host tier size (e.g. 64GiB)")
@@ -130,14 +161,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     r.add_argument(
         "--routing",
-        default="round-robin,prefix-aware",
-        help=f"with --replicas: comma list of {', '.join(ROUTINGS)} (default round-robin,prefix-aware)",
+        default=None,
+        help=f"with --replicas: comma list of {', '.join(ROUTINGS)} (default {DEFAULT_ROUTINGS})",
     )
     tm = parser.add_argument_group("time")
     tm.add_argument("--timing", choices=TIMINGS, default="sequential")
     tm.add_argument("--device", default="h100-80", help=f"roofline device: {', '.join(DEVICES)}")
     tm.add_argument(
-        "--speed", type=positive, default=1.0, help="roofline: divide arrival times by X"
+        "--speed",
+        type=positive,
+        default=None,
+        help="roofline: divide arrival times by X (default 1)",
     )
     tm.add_argument("--max-batched-tokens", type=positive_int, default=8192)
     tm.add_argument("--max-num-seqs", type=positive_int, default=256)
@@ -159,11 +193,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # --- inputs ---------------------------------------------------------------------------
 
 
-def load_trace(args: argparse.Namespace) -> ReplayTrace:
+def _is_db_source(args: argparse.Namespace) -> bool:
     path = Path(args.trace)
     if not path.exists():
         raise KvscopeError(f"no such trace: {path}")
-    if args.format == "db" or (args.format is None and is_database(path)):
+    return args.format == "db" or (args.format is None and is_database(path))
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse, before any work, an option this source or mode would ignore: a flag
+    silently dropped reads as a result the user did not get (each had been ignored)."""
+    database = _is_db_source(args)
+    if args.run is not None and not database:
+        read_as = f"read as --format {args.format}" if args.format else "a JSONL trace"
+        raise KvscopeError(
+            f"--run {args.run} applies to a kvscope database source; {args.trace} is {read_as}"
+        )
+    if args.block_size is not None and database:
+        raise KvscopeError(
+            f"--block-size {args.block_size} does not apply to a database source: a recorded "
+            "run's blocks are its pages, at the run's page size"
+        )
+    if args.routing is not None and args.replicas == 1:
+        raise KvscopeError(f"--routing {args.routing} applies with --replicas N (N > 1)")
+    if args.speed is not None and args.timing != "roofline":
+        raise KvscopeError(
+            f"--speed {args.speed:g} applies to --timing roofline (a {args.timing} replay "
+            "runs one request after another and never reads arrival times)"
+        )
+    for item in _list(args.capacity, "--capacity"):
+        _capacity(item)
+    _list(args.eviction_policy, "--eviction-policy")
+    if args.page_size is not None:
+        _list(args.page_size, "--page-size")
+
+
+def load_trace(args: argparse.Namespace) -> ReplayTrace:
+    path = Path(args.trace)
+    if _is_db_source(args):
         from app.replay_db import trace_from_run
 
         trace = trace_from_run(path, args.run)
@@ -193,7 +260,7 @@ def _lazy_encoder() -> Callable[[str], list[int]]:
 
 def capacities(args: argparse.Namespace, bytes_per_token: float) -> list[int]:
     out = []
-    for item in _list(args.capacity):
+    for item in _list(args.capacity, "--capacity"):
         value, unit = _capacity(item)
         tokens = int(value // bytes_per_token) if unit == "bytes" else int(value)
         if tokens < 1:
@@ -205,7 +272,7 @@ def capacities(args: argparse.Namespace, bytes_per_token: float) -> list[int]:
 
 
 def configs(args: argparse.Namespace, trace: ReplayTrace) -> tuple[list[ReplayConfig], list[int]]:
-    policies = _list(args.eviction_policy)
+    policies = _list(args.eviction_policy, "--eviction-policy")
     for p in policies:
         if p not in POLICIES:
             raise KvscopeError(f"unknown eviction policy {p!r}; choose from {', '.join(POLICIES)}")
@@ -213,12 +280,13 @@ def configs(args: argparse.Namespace, trace: ReplayTrace) -> tuple[list[ReplayCo
         page_sizes = [trace.block_size or 16]
     else:
         try:
-            page_sizes = sorted({int(p) for p in _list(args.page_size)})
+            page_sizes = sorted({int(p) for p in _list(args.page_size, "--page-size")})
         except ValueError:
             raise KvscopeError(f"--page-size takes integers, got {args.page_size!r}") from None
         if min(page_sizes) < 1:
             raise KvscopeError("page size must be >= 1")
-    model_preset(args.preset)
+    preset = args.preset or DEFAULT_PRESET
+    model_preset(preset)
     if args.timing == "roofline":
         device_preset(args.device)
     base = ReplayConfig(
@@ -229,11 +297,12 @@ def configs(args: argparse.Namespace, trace: ReplayTrace) -> tuple[list[ReplayCo
         preemption=args.preemption,
         max_batched_tokens=args.max_batched_tokens,
         max_num_seqs=args.max_num_seqs,
-        model=args.preset,
+        model=preset,
         kv_dtype=args.kv_dtype,
         device=args.device,
-        speed=args.speed,
+        speed=args.speed or 1.0,
         cache_outputs=args.cache_outputs,
+        max_model_len=max_model_len(args)[0],
     )
     bpt = base.bytes_per_token
     base.host_tokens = int(args.host_budget // bpt)
@@ -244,6 +313,17 @@ def configs(args: argparse.Namespace, trace: ReplayTrace) -> tuple[list[ReplayCo
     # The ceiling: unlimited capacity (no eviction, so one policy stands for all).
     points += sweep_configs(base, [None], [policies[0]], page_sizes)
     return points, caps
+
+
+def max_model_len(args: argparse.Namespace) -> tuple[int, str]:
+    """The context length requests are refused beyond, and what set it (for the warning):
+    ``--max-model-len``, else ``DEFAULT_MAX_MODEL_LEN``. Not the preset's context, as
+    vLLM's default would be: the preset only sizes the KV, and naming the default preset
+    must not change the answer (llama3-8b's 8,192 would refuse 46% of Mooncake, a trace
+    served at 128k)."""
+    if args.max_model_len is not None:
+        return args.max_model_len, "--max-model-len"
+    return DEFAULT_MAX_MODEL_LEN, "the default; --max-model-len sets it"
 
 
 # --- recording ---------------------------------------------------------------------------
@@ -274,6 +354,7 @@ class RecordSession:
             "host_tokens": config.host_tokens,
             "preemption": config.preemption,
             "cache_outputs": config.cache_outputs,
+            "max_model_len": config.max_model_len,
         }
 
     def open(
@@ -337,7 +418,13 @@ def answer(
     model = model_preset(config.model)
     budget = MemoryBudget(device.memory_gib * GIB, weight_bytes(model.num_params, "bf16"))
     left = budget.kv_bytes - cache_bytes
-    mean_tokens = sum(e.input_len + e.output_len for e in trace.entries) / max(1, len(trace))
+    # over the requests the context admits: a refused 1e8-token line is no request's size
+    limit = config.max_model_len
+    sizes = [
+        e.input_len + e.output_len for e in trace.entries
+        if limit is None or e.input_len + max(1, e.output_len) <= limit
+    ]  # fmt: skip
+    mean_tokens = sum(sizes) / max(1, len(sizes))
     out.update(
         capacity_tokens=cap,
         capacity_bytes=cache_bytes,
@@ -421,6 +508,7 @@ class Progress:
             f"kvscope replay: [{done}/{total}] {config.eviction_policy} "
             f"{_tokens_text(config.capacity_tokens)} page {config.page_size}: "
             f"{result.hit_rate:.1%} hit ({result.wall_s:.1f} s)"
+            + (f", {result.rejected} refused" if result.rejected else "")
             + (f", ETA {eta:.0f} s" if done < total else f", all in {elapsed:.1f} s"),
             file=sys.stderr,
             flush=True,
@@ -428,6 +516,7 @@ class Progress:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_options(args)  # before the trace is read: a text trace loads a tokenizer
     trace = load_trace(args)
     short, long = trace.inconsistent
     if (short or long) and not args.quiet:
@@ -452,6 +541,9 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(len(points), args.quiet or len(points) == 1)
     results = run_sweep(trace, points, args.workers, session, progress)
     elapsed = time.perf_counter() - t0
+    warning = refusal_warning(results, points, len(trace), max_model_len(args)[1])
+    if warning:
+        print(warning, file=sys.stderr)  # even with --quiet: it is about the figures
     rows = []
     for config, (result, run_id) in zip(points, results, strict=True):
         rows.append(
@@ -489,7 +581,8 @@ def run(args: argparse.Namespace) -> int:
                     "input_tokens": trace.input_tokens,
                     "block_size": trace.block_size,
                     "timing": args.timing,
-                    "preset": args.preset,
+                    "preset": first.model,
+                    "max_model_len": first.max_model_len,
                     "kv_dtype": args.kv_dtype,
                     "bytes_per_token": first.bytes_per_token,
                     "inconsistent_hash_ids": {"too_few": short, "too_many": long},
@@ -528,6 +621,9 @@ def table(rows: list[dict[str, Any]], roofline: bool) -> str:
     ]
     if roofline:
         header += ["TTFT p50", "TTFT p99", "preempt"]
+    refused = any(r["rejected"] for r in rows)
+    if refused:  # the same for every policy at one capacity and page size
+        header += ["refused" if len(page_sizes) == 1 else f"refused/{ps}" for ps in page_sizes]
     caps = sorted({r["capacity_tokens"] for r in rows if r["capacity_tokens"]}) + [None]
     by = {(r["capacity_tokens"], r["policy"], r["page_size"]): r for r in rows}
     out = []
@@ -543,8 +639,52 @@ def table(rows: list[dict[str, Any]], roofline: bool) -> str:
         if roofline:
             r = by.get((cap, policies[0], page_sizes[0])) or some
             line += [_secs(r["ttft_p50_s"]), _secs(r["ttft_p99_s"]), str(r["preemptions"])]
+        if refused:
+            for ps in page_sizes:
+                r = by.get((cap, policies[0], ps)) or by.get((None, rows[-1]["policy"], ps))
+                line.append(f"{r['rejected']:,} of {r['requests']:,}")
         out.append(line)
     return format_table(out, header)
+
+
+def refusal_warning(
+    results: list[tuple[ReplayResult, Any]], points: list[ReplayConfig], total: int, source: str
+) -> str | None:
+    """One line for all the points: how many requests were refused, why, and the first
+    offending line; None if none was. Context refusals are the same at every point;
+    capacity ones (roofline) depend on it, so the worst point is named."""
+    parts, most = [], 0
+    context = next((r.refused["context"] for r, _ in results if "context" in r.refused), None)
+    if context is not None:
+        most = context["count"]
+        parts.append(
+            f"{context['count']:,} longer than the context of {points[0].max_model_len:,} tokens "
+            f"({source}) at every point, first {context['first']} "
+            f"({context['tokens']:,} tokens)"
+        )
+    worst = max(
+        (
+            (r.refused["capacity"], c)
+            for (r, _), c in zip(results, points, strict=True)
+            if "capacity" in r.refused
+        ),
+        key=lambda pair: pair[0]["count"],
+        default=None,
+    )
+    if worst is not None:
+        cap, config = worst
+        most += cap["count"]
+        parts.append(
+            f"{cap['count']:,} larger than the whole KV pool at {_tokens_text(config.capacity_tokens)} "
+            f"tokens (page {config.page_size}), first {cap['first']} ({cap['tokens']:,} tokens); "
+            "per capacity in the 'refused' column"
+        )
+    if not parts:
+        return None
+    return (
+        f"kvscope replay: warning: {'up to ' if worst else ''}{most:,} of {total:,} requests "
+        "refused, never scheduled (the figures are over the admitted ones): " + "; ".join(parts)
+    )
 
 
 def _secs(s: float | None) -> str:
@@ -584,7 +724,7 @@ def miss_table(rows: list[dict[str, Any]]) -> str:
 
 def check_replicas(args: argparse.Namespace, points: list[ReplayConfig]) -> None:
     """Known routings, and at least one page of capacity per replica."""
-    for name in _list(args.routing):
+    for name in _list(args.routing or DEFAULT_ROUTINGS, "--routing"):
         if name not in ROUTINGS:
             raise KvscopeError(f"unknown routing {name!r}; choose from {', '.join(ROUTINGS)}")
     for config in points:
@@ -602,7 +742,7 @@ def replica_rows(
     """Each capacity point of the sweep again over ``--replicas`` engines, per routing."""
     out = []
     for config in points:
-        for name in _list(args.routing):
+        for name in _list(args.routing or DEFAULT_ROUTINGS, "--routing"):
             result = replay_replicas(trace, config, args.replicas, name)
             out.append(
                 {

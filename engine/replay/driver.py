@@ -23,8 +23,14 @@ Time (``ReplayConfig.timing``):
   each step lasts the roofline time of its work on the device preset
   (engine/replay/timing.py). ``capacity_tokens`` is then the whole KV pool, as
   on a server: running requests hold pages while others arrive, and eviction,
-  preemption and offload happen as the scheduler decides. A request longer
-  than the pool is rejected.
+  preemption and offload happen as the scheduler decides.
+
+Refusals (as vLLM refuses them, never scheduled, counted in ``ReplayResult.refused``
+by reason with the first offending trace line): a request whose prompt + output is
+longer than ``max_model_len`` (vLLM's check of prompt + max_tokens against the
+model's context), and, with roofline timing, one that needs more pages than the
+whole pool. The figures are those of the admitted requests; the pool is sized for
+them only, so a refused giant (1e8 tokens) costs nothing, where it had been decoded.
 
 Decode steps of a replay do no work per token: when nothing is in prefill and
 nothing new could be admitted, the running decodes advance together by ``k``
@@ -73,7 +79,7 @@ from engine.radix_cache import RadixCache
 from engine.replay.host import SlotTier
 from engine.replay.timing import Roofline
 from engine.replay.tokens import KeySpace, PageTokens
-from engine.replay.traces import ReplayTrace, next_uses, page_contents
+from engine.replay.traces import ReplayTrace, TraceEntry, next_uses, page_contents
 from engine.request import Request, Status
 from engine.sampler import SamplingParams
 from engine.scheduler import Scheduler
@@ -104,6 +110,9 @@ class ReplayConfig:
     # hash-id trace already names every prompt block, a previous turn's output included,
     # so fresh output pages would hold the same memory twice and never hit.
     cache_outputs: bool = False
+    # Requests longer than this (prompt + output) are refused, as vLLM refuses a request
+    # beyond the model's context; None: no limit.
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -121,6 +130,7 @@ class ReplayConfig:
         check(self.preemption in ("recompute", "swap"), "preemption must be recompute or swap")
         check(self.speed > 0, "speed must be > 0")
         check(self.max_batched_tokens >= 1 and self.max_num_seqs >= 1, "batch limits must be >= 1")
+        check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
         model_preset(self.model)  # raise on unknown names here, before anything runs
         if self.timing == "roofline":
             device_preset(self.device)
@@ -168,6 +178,9 @@ class ReplayResult:
     ttft_p99_s: float | None = None
     queue_mean_s: float | None = None
     queue_p99_s: float | None = None
+    # The rejected requests by reason ("context", "capacity"): {"count", "first", "tokens"},
+    # the first being the trace line (or recorded request) of the first one refused.
+    refused: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -178,6 +191,11 @@ class ReplayResult:
         out = asdict(self)
         out["hit_rate"] = self.hit_rate
         return out
+
+
+def _tokens(entry: TraceEntry) -> int:
+    """What a request holds at its end: its prompt and at least one output token."""
+    return entry.input_len + max(1, entry.output_len)
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -205,11 +223,13 @@ class ReplayDriver:
         self.prepared = prepared
         self.sequential = cfg.timing == "sequential"
         entries = trace.entries
-        pages = [-(-(e.input_len + max(1, e.output_len)) // ps) for e in entries]
-        longest = max(pages)
+        # Size the pool for the requests that can be admitted: one the context refuses
+        # must not make every other point allocate (and sequential timing hold) its pages.
+        pages = [-(-n // ps) for n in map(_tokens, entries) if self._fits_context(n)]
+        longest = max(pages, default=1)
         # More pages than the whole trace needs change nothing: a larger capacity is
         # "unlimited" (and must not allocate a pool of that size).
-        total = sum(pages)
+        total = max(1, sum(pages))  # every request refused: still a pool to refuse them with
         if cfg.capacity_tokens is None:
             self.cap_pages = None
             num_pages = total + 1
@@ -259,6 +279,7 @@ class ReplayDriver:
         self.now_s = 0.0
         self.step_count = 0
         self.finished = self.rejected = self.preemptions = 0
+        self.refused: dict[str, dict] = {}
         self.ttfts: list[float] = []
         self.queues: list[float] = []
         self._arrival: dict[int, float] = {}
@@ -271,11 +292,51 @@ class ReplayDriver:
 
     # --- requests ----------------------------------------------------------------------
 
+    def _fits_context(self, tokens: int) -> bool:
+        limit = self.config.max_model_len
+        return limit is None or tokens <= limit
+
+    def _refusal(self, tokens: int) -> tuple[str, str] | None:
+        """Why a request of ``tokens`` (prompt + output) can never run here, as (reason,
+        message), or None: checked at arrival, as vLLM checks, so it is never scheduled."""
+        need = -(-tokens // self.config.page_size)
+        if not self._fits_context(tokens):
+            return "context", (
+                f"{tokens:,} tokens (prompt + output) are longer than the model's context "
+                f"of {self.config.max_model_len:,} tokens"
+            )
+        if need > self.num_pages:
+            return "capacity", (
+                f"{tokens:,} tokens need {need} pages of {self.config.page_size}; the whole "
+                f"KV pool has {self.num_pages}"
+            )
+        return None
+
+    def _refuse(self, index: int, refusal: tuple[str, str], tokens: int, ts: int) -> None:
+        """Count a refusal by reason, keeping the first's trace line for the warning."""
+        reason, message = refusal
+        e = self.trace.entries[index]
+        self.rejected += 1
+        seen = self.refused.setdefault(
+            reason, {"count": 0, "first": e.where or f"request {index}", "tokens": tokens}
+        )
+        seen["count"] += 1
+        if self.bus.active:
+            self.bus.emit(
+                RequestArrived(ts, self.step_count, index, e.input_len, tokens - e.input_len)
+            )
+            self.bus.emit(RequestRejected(ts, self.step_count, index, message))
+
     def add(self, index: int) -> Request | None:
         """Queue trace request ``index`` now; None if it can never fit (rejected)."""
         e = self.trace.entries[index]
-        p = self.prepared
         out = max(1, e.output_len)
+        ts = now_ns()
+        refusal = self._refusal(e.input_len + out)
+        if refusal is not None:
+            self._refuse(index, refusal, e.input_len + out, ts)
+            return None
+        p = self.prepared
         tokens = PageTokens(
             p.keys[index],
             e.input_len,
@@ -285,19 +346,6 @@ class ReplayDriver:
             e.tokens,
         )
         emit = self.bus.active
-        ts = now_ns()
-        need = -(-(e.input_len + out) // self.config.page_size)
-        if need > self.num_pages:
-            self.rejected += 1
-            if emit:
-                self.bus.emit(RequestArrived(ts, self.step_count, index, e.input_len, out))
-                self.bus.emit(
-                    RequestRejected(
-                        ts, self.step_count, index,
-                        f"{e.input_len + out} tokens need {need} pages; the pool has {self.num_pages}",
-                    )
-                )  # fmt: skip
-            return None
         req = Request(
             request_id=index,
             prompt_ids=tokens,  # type: ignore[arg-type]  # page-keyed, see engine/replay/tokens.py
@@ -531,6 +579,7 @@ class ReplayDriver:
             ttft_p99_s=None if self.sequential else _quantile(self.ttfts, 0.99),
             queue_mean_s=sum(self.queues) / len(self.queues) if self.queues and not self.sequential else None,
             queue_p99_s=None if self.sequential else _quantile(self.queues, 0.99),
+            refused={k: dict(v) for k, v in self.refused.items()},
             extra={
                 "miss_reasons": asdict(kv.prefix_misses),  # engine/miss_reasons.py
                 # re-lookups of preempted requests, not in the hit rate (kv_manager.admitted)

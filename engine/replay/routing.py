@@ -68,6 +68,7 @@ class RoutingResult:
     final_duplicated_blocks: int  # at the end of the replay
     samples: int
     wall_s: float
+    rejected: int = 0  # requests no replica could admit (ReplayDriver's refusals)
     assignment: list[int] = field(default_factory=list)  # the replica of each request
 
     @property
@@ -111,6 +112,7 @@ class RoutingResult:
             "final_duplicated_blocks": self.final_duplicated_blocks,
             "samples": self.samples,
             "wall_s": self.wall_s,
+            "rejected": self.rejected,
         }
 
 
@@ -240,6 +242,7 @@ def replay_replicas(
         final_duplicated_blocks=final_dup,
         samples=taken,
         wall_s=time.perf_counter() - t0,
+        rejected=sum(d.rejected for d in drivers),
         assignment=assignment,
     )
 

@@ -47,6 +47,8 @@ class TraceEntry:
     output_len: int
     blocks: list[int] | None = None  # hash ids at block_size tokens a block
     tokens: list[int] | None = None  # token ids (kvscope traces)
+    # Where it came from ("trace.jsonl:7", "r.db#run3 request 12"): a refusal names it.
+    where: str = ""
 
 
 @dataclass(slots=True)
@@ -163,6 +165,7 @@ def read_replay_trace(
                 n_in,
                 _int(record, "output_length", where, 0),
                 blocks,
+                where=where,
             )
         )
     if not entries:
@@ -181,16 +184,16 @@ def _kvscope_entry(
         tokens = _ints(record, "prompt_token_ids", where)
         if not tokens:
             raise KvscopeError(f"{where}: prompt_token_ids is empty")
-        return TraceEntry(arrival, len(tokens), output, tokens=tokens)
+        return TraceEntry(arrival, len(tokens), output, tokens=tokens, where=where)
     if "prompt_len" in record:
-        return TraceEntry(arrival, _int(record, "prompt_len", where, 1), output)
+        return TraceEntry(arrival, _int(record, "prompt_len", where, 1), output, where=where)
     prompt = record.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise KvscopeError(f"{where}: prompt must be a non-empty string")
     if encode is None:
         raise KvscopeError(f"{where}: a text prompt needs a tokenizer")
     tokens = encode(prompt)
-    return TraceEntry(arrival, len(tokens), output, tokens=tokens)
+    return TraceEntry(arrival, len(tokens), output, tokens=tokens, where=where)
 
 
 # --- page contents --------------------------------------------------------------------
