@@ -20,6 +20,24 @@ from engine.errors import KvscopeError
 
 FORMATS = ("html", "trace", "csv", "json", "mooncake")
 
+# What a watch run (vLLM/SGLang block events, no kernels, no prompts) cannot fill.
+NOT_FOR_WATCH = {
+    "trace": "a trace holds an engine run's kernels, requests and step counters",
+    "mooncake": "a Mooncake trace holds an engine run's prompts",
+}
+
+
+def output_path(text: str) -> Path:
+    """``-o PATH``: an empty one had been the current directory (``--format csv -o ''``
+    wrote its CSV files there and exited 0), and ``-o -`` a file named "-"."""
+    if not text:
+        raise argparse.ArgumentTypeError("give a path, not ''")
+    if text == "-":
+        raise argparse.ArgumentTypeError(
+            "'-' is not stdout here: give a file (json goes to stdout without -o)"
+        )
+    return Path(text)
+
 
 def default_output(run_id: int, fmt: str) -> Path:
     suffix = {
@@ -45,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "-o",
         "--output",
-        type=Path,
+        type=output_path,
         default=None,
         metavar="PATH",
         help="file to write; for csv the DIRECTORY that gets one CSV per table; default "
@@ -59,44 +77,67 @@ def run(args: argparse.Namespace) -> int:
     from app.report.html import build_html
     from app.report.tables import json_document, write_csv, write_json
     from app.report.trace import build_trace
-    from db.queries import choose_run, reader
+    from db.queries import choose_run, reader, run_info
 
+    if args.output is not None:
+        check_output(args.output, args.format)  # before a report that may take a while
     with reader(db_path(args)) as db:
         run_id = choose_run(db, args.run)
+        _check_kind(run_info(db, run_id).kind, run_id, args.format)
         if args.format == "json" and args.output is None:
             json.dump(json_document(db, run_id), sys.stdout, separators=(",", ":"))
             print()
             return 0
         out = args.output or default_output(run_id, args.format)
-        if args.format == "mooncake":
-            from app.report.mooncake import write_mooncake
+        check_output(out, args.format)
+        try:
+            if args.format == "mooncake":
+                from app.report.mooncake import write_mooncake
 
-            block = write_mooncake(db_path(args), run_id, out)
-            print(f"kvscope report: replay it with --block-size {block}", file=sys.stderr)
-        elif args.format == "csv":
-            if out.exists() and not out.is_dir():
-                raise KvscopeError(f"{out} is a file; --format csv writes a directory of CSV files")
-            files = write_csv(db, run_id, out)
-            print(f"{out}/: a directory of {len(files)} CSV files, one per table")
-            return 0
-        elif args.format == "json":
-            write_json(db, run_id, out)
-        else:
-            text = (
-                build_html(db, run_id)
-                if args.format == "html"
-                else json.dumps(build_trace(db, run_id))
-            )
-            out.parent.mkdir(parents=True, exist_ok=True)
-            _write(out, text)
+                block = write_mooncake(db_path(args), run_id, out)
+                print(f"kvscope report: replay it with --block-size {block}", file=sys.stderr)
+            elif args.format == "csv":
+                files = write_csv(db, run_id, out)
+                print(f"{out}/: a directory of {len(files)} CSV files, one per table")
+                return 0
+            elif args.format == "json":
+                write_json(db, run_id, out)
+            else:
+                text = (
+                    build_html(db, run_id)
+                    if args.format == "html"
+                    else json.dumps(build_trace(db, run_id))
+                )
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(text)
+        except OSError as exc:
+            # A write that fails once the file is open (a full disk, /dev/full) had been
+            # only its reason for json and mooncake ("No space left on device").
+            raise KvscopeError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(out)
     return 0
 
 
-def _write(out: Path, text: str) -> None:
-    """``text`` into ``out``; a write that fails after the file opened (a full disk,
-    /proc) had been only its reason ("No space left on device"): the path with it."""
-    try:
-        out.write_text(text)
-    except OSError as exc:
-        raise KvscopeError(f"cannot write {out}: {exc.strerror or exc}") from None
+def check_output(out: Path, fmt: str) -> None:
+    """Refuse an output path that cannot be written before the report is built: a
+    directory where a file goes (or a file where csv's directory goes), or a path
+    under a file."""
+    if fmt == "csv":
+        if out.exists() and not out.is_dir():
+            raise KvscopeError(f"{out} is a file; --format csv writes a directory of CSV files")
+    elif out.is_dir():
+        raise KvscopeError(f"cannot write {out}: it is a directory (give a file name)")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise KvscopeError(f"cannot write {out}: {parent} is a file, not a directory")
+            return
+
+
+def _check_kind(kind: str, run_id: int, fmt: str) -> None:
+    """A watch run exported as a trace had been an empty trace, exit 0."""
+    if kind == "watch" and fmt in NOT_FOR_WATCH:
+        raise KvscopeError(
+            f"run {run_id} is a watch run: {NOT_FOR_WATCH[fmt]}; export a watch with "
+            "--format html, csv or json"
+        )

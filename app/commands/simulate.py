@@ -253,6 +253,10 @@ def write_plot(fig: Any, path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.db is not None:
+        from app.sim_record import check_database
+
+        check_database(db_path(args))  # its errors before the simulation, not after
     results = simulate(args)
     if args.plot:
         write_plot(figure(results, args.step_ms / 1000), args.plot)

@@ -19,6 +19,16 @@ from db.store import default_db_path
 from engine.errors import KvscopeError
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5557"
+MIN_SCRAPE_INTERVAL_S = 0.1
+
+
+def scrape_interval(text: str) -> float:
+    """``--scrape-interval``: at least 0.1 s. 1e-9 had scraped in a busy loop, thousands
+    of requests a second at the engine's server, a core of this machine spent on it."""
+    value = positive(text)
+    if value < MIN_SCRAPE_INTERVAL_S:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_SCRAPE_INTERVAL_S} s, got {text}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,10 +72,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--scrape-interval",
-        type=positive,
+        type=scrape_interval,
         default=1.0,
         metavar="S",
-        help="seconds between /metrics scrapes (default 1)",
+        help="seconds between /metrics scrapes (default 1, at least 0.1)",
     )
     p.add_argument(
         "--server-info",
@@ -104,36 +114,64 @@ def _specs(args: argparse.Namespace) -> list:
     from profiler.watch.sources import expand_sources
 
     listen_replay = None
-    if args.listen and len(args.replay) == len(args.source) + 1:
+    if args.listen is not None and len(args.replay) == len(args.source) + 1:
         listen_replay = args.replay.pop()
     if args.replay and len(args.replay) != len(args.source):
         raise KvscopeError(
             f"{len(args.replay)} --replay for {len(args.source)} --source: give one per source"
         )
-    specs = []
+    groups = []  # (the flag and value that named them, their specs)
     for i, endpoint in enumerate(args.source):
-        specs += expand_sources(
+        specs = expand_sources(
             endpoint,
             replay=args.replay[i] if args.replay else None,
             topic=args.topic,
             dp_size=args.dp_size,
             engine=args.engine,
+            flag="--source",
         )
-    if args.listen:
-        specs += expand_sources(
+        groups.append((f"--source {endpoint}", specs))
+    if args.listen is not None:
+        specs = expand_sources(
             args.listen,
             replay=listen_replay,
             topic=args.topic,
             dp_size=args.dp_size,
             engine=args.engine,
             listen=True,
+            flag="--listen",
         )
+        groups.append((f"--listen {args.listen}", specs))
     for url in args.server_info:
         _check_url(url, "--server-info")
-        specs += discover(url)
+        groups.append((f"--server-info {url}", discover(url)))
+    _check_distinct(groups)
+    specs = [spec for _, group in groups for spec in group]
     if not specs:
         raise KvscopeError("nothing to watch: give --source, --listen or --server-info")
     return specs
+
+
+def _check_distinct(groups: list) -> None:
+    """Each endpoint once: a --source given twice, or two whose DP ranks overlap
+    (5557 with --dp-size 3, and 5558), had recorded every batch of the shared ports on
+    two sources: block events doubled, and each block a false routing miss and a
+    duplicated copy, with nothing said."""
+    named: dict[str, int] = {}  # endpoint -> the group that named it first
+    for i, (label, specs) in enumerate(groups):
+        for spec in specs:
+            first = named.setdefault(spec.endpoint, i)
+            if first == i:
+                continue
+            earlier = groups[first][0]
+            which = (
+                f"{label} is given twice"
+                if earlier == label
+                else f"{earlier} and {label} both name {spec.endpoint}"
+            )
+            raise KvscopeError(
+                f"{which}: each endpoint is watched once (its batches would be recorded twice)"
+            )
 
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -162,10 +200,15 @@ def parse_duration(text: str, flag: str) -> float:
 
 
 def _check_url(url: str, flag: str) -> None:
+    """Refuse what urllib would refuse only at the first fetch: there, a space in the URL
+    (http.client.InvalidURL) had ended the scraper's thread with a traceback and the watch
+    had gone on with no scrapes and no scrape errors, and exited 0."""
     if not url.startswith(("http://", "https://")):
         raise KvscopeError(f"{flag} {url!r} must be an http:// or https:// URL")
-    parts = urllib.parse.urlsplit(url)
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise KvscopeError(f"{flag} {url!r} has a space or a control character in it")
     try:
+        parts = urllib.parse.urlsplit(url)  # raises for a bracket left open: http://[::1/
         port = parts.port  # raises for a port that is not a number below 65536
     except ValueError as exc:
         raise KvscopeError(f"{flag} {url!r}: {exc}") from None

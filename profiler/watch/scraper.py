@@ -9,6 +9,7 @@ the engine may be restarting.
 
 from __future__ import annotations
 
+import http.client
 import threading
 import urllib.error
 import urllib.request
@@ -86,7 +87,10 @@ class Scraper:
         for source, url in self._targets:
             try:
                 rows = sample_rows(source, self._clock_ns(), fetch_text(url), self._buckets)
-            except (OSError, ValueError, urllib.error.URLError) as exc:
+            # HTTPException: a port that answers but not in HTTP (the events' ZMQ port
+            # given as --metrics) had ended this thread with a traceback, and the watch
+            # had gone on with 0 scrapes and 0 errors.
+            except (OSError, ValueError, urllib.error.URLError, http.client.HTTPException) as exc:
                 self.errors += 1
                 reason = getattr(exc, "reason", None) or exc
                 reason = getattr(reason, "strerror", None) or reason

@@ -29,16 +29,31 @@ class SourceSpec:
     listen: bool = False
 
 
-def check_endpoint(endpoint: str) -> None:
-    """Raise KvscopeError unless ``endpoint`` is a ZMQ address kvscope can use."""
+# A TCP port per rank caps a deployment at 65,536 ranks; for ipc:// the same cap keeps
+# a typo'd --dp-size (10^8) from building specs for minutes and gigabytes first.
+MAX_DP_SIZE = 65536
+
+
+def check_endpoint(endpoint: str, flag: str = "endpoint") -> None:
+    """Raise KvscopeError unless ``endpoint`` is a ZMQ address kvscope can use. What ZMQ
+    itself refuses (an empty ipc path, a space in a host) had created a failed run first,
+    and what it takes but can never reach (port 0) a complete run of nothing."""
     if not endpoint.startswith(_SCHEMES):
-        raise KvscopeError(f"endpoint {endpoint!r} must start with tcp://, ipc:// or inproc://")
-    if endpoint.startswith("tcp://"):
-        host, sep, port = endpoint[len("tcp://") :].rpartition(":")
-        if not sep or not port.isdigit() or not host:
-            raise KvscopeError(f"endpoint {endpoint!r} needs a host and a port")
-        if int(port) > 65535:
-            raise KvscopeError(f"endpoint {endpoint!r}: port out of range")
+        raise KvscopeError(f"{flag} {endpoint!r} must start with tcp://, ipc:// or inproc://")
+    scheme, _, rest = endpoint.partition("://")
+    if not rest:
+        raise KvscopeError(f"{flag} {endpoint!r} needs a {_WHAT[scheme]}")
+    if any(c.isspace() or not c.isprintable() for c in rest):
+        raise KvscopeError(f"{flag} {endpoint!r} has a space or a control character in it")
+    if scheme == "tcp":
+        host, sep, port = rest.rpartition(":")
+        if not sep or not (port.isascii() and port.isdigit()) or not host:
+            raise KvscopeError(f"{flag} {endpoint!r} needs a host and a port")
+        if not 1 <= int(port) <= 65535:
+            raise KvscopeError(f"{flag} {endpoint!r}: port out of range (1-65535)")
+
+
+_WHAT = {"tcp": "host and a port", "ipc": "path", "inproc": "name"}
 
 
 def offset_endpoint(endpoint: str, rank: int) -> str:
@@ -61,16 +76,20 @@ def expand_sources(
     dp_size: int = 1,
     engine: str = "vllm",
     listen: bool = False,
+    flag: str = "endpoint",
 ) -> list[SourceSpec]:
     """One spec per data-parallel rank: engines offset their endpoint by rank
-    whether they bind or connect, so a listening kvscope binds one port per rank too."""
+    whether they bind or connect, so a listening kvscope binds one port per rank too.
+    ``flag`` names the option the endpoint came from in an error."""
     if engine not in ENGINES:
         raise KvscopeError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if dp_size < 1:
         raise KvscopeError(f"--dp-size must be at least 1, not {dp_size}")
-    check_endpoint(endpoint)
+    if dp_size > MAX_DP_SIZE:
+        raise KvscopeError(f"--dp-size {dp_size} is more ranks than kvscope takes ({MAX_DP_SIZE})")
+    check_endpoint(endpoint, flag)
     if replay is not None:
-        check_endpoint(replay)
+        check_endpoint(replay, "--replay" if flag.startswith("--") else "replay endpoint")
     return [
         SourceSpec(
             offset_endpoint(endpoint, rank),

@@ -67,3 +67,37 @@ def test_stored_labels_read_back() -> None:
 def test_malformed_lines_raise(line: str) -> None:
     with pytest.raises(ValueError):
         parse(line)
+
+
+def test_a_port_that_answers_but_not_in_http_is_a_scrape_error():
+    """The events' ZMQ port given as --metrics answers bytes that are no HTTP status
+    line: counted as a failed scrape, with its incident, not a dead scraper thread."""
+    import socket
+    import threading
+
+    from profiler.watch.scraper import Scraper
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        conn.recv(4096)
+        conn.sendall(b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f not http\r\n\r\n")
+        conn.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    incidents = []
+    scraper = Scraper(
+        [(0, f"http://127.0.0.1:{port}/metrics")], print, lambda s, m: incidents.append(m)
+    )
+    try:
+        scraper.scrape_once()
+    finally:
+        thread.join(5)
+        server.close()
+    assert (scraper.scrapes, scraper.errors) == (0, 1)
+    assert len(incidents) == 1 and f"127.0.0.1:{port}" in incidents[0]

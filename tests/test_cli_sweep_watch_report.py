@@ -1,0 +1,205 @@
+"""A new user's bad input to ``watch``, ``report`` and ``simulate``: each case had been a
+traceback, a doubled count, an empty file or a silent exit 0, and is now one error line
+(exit 2) before any work, or a complete result."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from profiler.watch.recorder import WatchRecorder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def refused(capsys, argv: list[str], *fragments: str) -> str:
+    """Run ``argv``; assert exit 2 and one ``kvscope: error:`` line holding ``fragments``."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, (argv, err)
+    assert err.startswith("kvscope: error: ") and err.count("\n") == 1, (argv, err)
+    assert all(f in err for f in fragments), (argv, err)
+    return err
+
+
+# --- watch: endpoints ZMQ refuses, or takes and can never reach --------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragments"),
+    [
+        (["--source", "tcp://127.0.0.1:0"], ["--source 'tcp://127.0.0.1:0'", "port out of range"]),
+        (["--source", "ipc://"], ["--source 'ipc://'", "needs a path"]),
+        (["--source", "inproc://"], ["--source 'inproc://'", "needs a name"]),
+        (["--source", "tcp://a b:1"], ["'tcp://a b:1'", "space"]),
+        (["--source", "tcp://h:\u0665\u0665\u0665\u0667"], ["needs a host and a port"]),
+        (["--source", "tcp://h:1", "--replay", "ipc://"], ["--replay 'ipc://'", "needs a path"]),
+        (["--listen", ""], ["--listen ''", "must start with tcp://"]),
+        (["--listen", "tcp://127.0.0.1:0"], ["--listen", "port out of range"]),
+    ],
+)
+def test_watch_refuses_endpoints_before_the_database(capsys, tmp_path, flags, fragments):
+    """ZMQ's refusals (an empty ipc path, a space, Arabic-Indic digits in a port) came
+    after the run was created, leaving a failed run each; port 0 recorded a complete run
+    of nothing; ``--listen ''`` said "nothing to watch"."""
+    db = tmp_path / "w.db"
+    refused(capsys, ["watch", str(db), *flags, "--duration", "0.2"], *fragments)
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--source", "tcp://127.0.0.1:6001"] * 2, "--source tcp://127.0.0.1:6001 is given twice"),
+        (
+            [
+                "--source",
+                "tcp://127.0.0.1:6001",
+                "--dp-size",
+                "3",
+                "--source",
+                "tcp://127.0.0.1:6002",
+            ],
+            "both name tcp://127.0.0.1:6002",
+        ),
+        (
+            ["--listen", "tcp://127.0.0.1:6001", "--source", "tcp://127.0.0.1:6001"],
+            "both name tcp://127.0.0.1:6001",
+        ),
+    ],
+)
+def test_watch_refuses_an_endpoint_named_twice(capsys, tmp_path, flags, fragment):
+    """Two subscriptions to one publisher had recorded each batch on two sources: block
+    events doubled, and every block a false routing miss and a duplicated copy."""
+    db = tmp_path / "w.db"
+    refused(capsys, ["watch", str(db), *flags, "--duration", "0.2"], fragment)
+    assert not db.exists()
+
+
+def test_watch_refuses_a_dp_size_past_the_port_range_at_once(tmp_path):
+    """ipc:// has no port range to stop it: 10^8 ranks had built specs for over a minute
+    and 5 GB before anything was said (run apart, under a memory limit, so that a
+    regression fails here instead of taking the machine's memory)."""
+    import resource
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    db = tmp_path / "w.db"
+    argv = ["watch", str(db), "--source", "ipc:///tmp/kvscope-x", "--dp-size", "100000000"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+        timeout=120, preexec_fn=limit_memory,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("kvscope: error: --dp-size 100000000") and "65536" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "url", "fragment"),
+    [
+        ("--metrics", "http://[::1/", "Invalid IPv6 URL"),  # had been a traceback
+        ("--server-info", "http://[::1/", "Invalid IPv6 URL"),
+        ("--metrics", "http://a b/metrics", "a space"),  # had killed the scraper's thread
+        ("--metrics", "http://h:1/\x07", "a control character"),
+    ],
+)
+def test_watch_refuses_urls_urllib_cannot_fetch(capsys, tmp_path, flag, url, fragment):
+    argv = ["watch", str(tmp_path / "w.db"), "--source", "tcp://127.0.0.1:6001", flag, url]
+    refused(capsys, [*argv, "--duration", "0.2"], flag, fragment)
+
+
+def test_watch_scrape_interval_has_a_floor(capsys, tmp_path):
+    """1e-9 had scraped in a busy loop: 7,761 requests in a second at the server."""
+    argv = ["watch", str(tmp_path / "w.db"), "--source", "tcp://127.0.0.1:6001", "--duration"]
+    refused(capsys, [*argv, "0.2", "--scrape-interval", "1e-9"], "--scrape-interval", "at least")
+
+
+# --- report -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> Path:
+    """Runs 1-3: a simulation's allocators; run 4: a watch (no sources, no events)."""
+    path = tmp_path_factory.mktemp("sweep") / "two.db"
+    assert main(["simulate", "--requests", "5", "--db", str(path), "--json"]) == 0
+    recorder = WatchRecorder(path, {}, writer_process=False)
+    recorder.start()
+    recorder.finish()
+    assert recorder.run_id == 4
+    return path
+
+
+def test_report_refuses_empty_and_dash_outputs(capsys, tmp_path, two_runs, monkeypatch):
+    """``-o ''`` had been the current directory: --format csv wrote its files there, exit 0;
+    ``-o -`` a file named '-'."""
+    monkeypatch.chdir(tmp_path)
+    for fmt in ("csv", "html", "json"):
+        refused(capsys, ["report", str(two_runs), "--run", "1", "--format", fmt, "-o", ""], "-o")
+        refused(capsys, ["report", str(two_runs), "--run", "1", "--format", fmt, "-o", "-"], "'-'")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_checks_its_output_before_building(capsys, tmp_path, two_runs, monkeypatch):
+    """A directory given as the file, or a path under a file, is refused before the report
+    is built; a failed write names the file (json and mooncake had said only the reason)."""
+    import app.report.html
+
+    def never(*_):
+        raise AssertionError("built a report it could not write")
+
+    monkeypatch.setattr(app.report.html, "build_html", never)
+    (tmp_path / "file").write_text("x")
+    base = ["report", str(two_runs), "--run", "1"]
+    refused(capsys, [*base, "-o", str(tmp_path)], "it is a directory")
+    refused(capsys, [*base, "-o", str(tmp_path / "file" / "r.html")], "is a file, not a directory")
+    if Path("/dev/full").exists():
+        refused(capsys, [*base, "--format", "json", "-o", "/dev/full"], "cannot write /dev/full")
+
+
+@pytest.mark.parametrize("fmt", ["trace", "mooncake"])
+def test_report_of_a_watch_run_says_what_it_cannot_hold(capsys, tmp_path, two_runs, fmt):
+    """A watch run's Perfetto trace had been three metadata events, exit 0."""
+    out = tmp_path / f"w.{fmt}"
+    refused(capsys, ["report", str(two_runs), "--run", "4", "--format", fmt, "-o", str(out)],
+            "run 4 is a watch run", "html, csv or json")  # fmt: skip
+    assert not out.exists()
+
+
+# --- simulate --db ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["dir", "text.db", "missing/x.db", "text.db/x.db"])
+def test_simulate_checks_its_database_before_simulating(capsys, tmp_path, bad):
+    """The database had been opened after the simulation (a minute at 10^5 requests) and
+    after --plot was written."""
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "text.db").write_text("hello\n")
+    plot = tmp_path / "p.html"
+    argv = ["simulate", "--requests", "5", "--plot", str(plot), "--db", str(tmp_path / bad)]
+    refused(capsys, argv)
+    assert not plot.exists()
+    assert not (tmp_path / "missing").exists()
+
+
+def test_simulate_records_every_step_of_a_long_simulation(capsys, tmp_path, monkeypatch):
+    """The recorder is not started for a simulation, so its queue (200,000 events) had
+    filled and dropped the rest: 614,261 of 814,260 steps at 20,000 requests. Here the
+    queue is made small to see it at 40 requests."""
+    import app.sim_record
+    from db import queries
+    from profiler.recorder import Recorder
+
+    monkeypatch.setattr(app.sim_record, "Recorder", functools.partial(Recorder, max_queue=300))
+    monkeypatch.setattr(app.sim_record, "WRITE_EVERY", 100)
+    db = tmp_path / "sim.db"
+    assert main(["simulate", "--requests", "40", "--db", str(db), "--json"]) == 0
+    capsys.readouterr()
+    for run in queries.list_runs(db):
+        assert run.dropped_events == 0 and run.steps > 300, run
