@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -22,7 +23,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from db.schema import COMPLETE, FAILED, RUNNING
+from db.runs import HEARTBEAT_STALE_S, resolve_status
+from db.schema import COMPLETE, FAILED, INCOMPLETE, RUNNING
 from db.store import open_db
 from db.watch_queries import LAG_METRIC, PRESSURE_SOURCE, QUEUE_METRIC
 from db.watch_schema import EVENTS_SOURCE, METRICS_SOURCE, OP_RESET, WATCH_KIND
@@ -43,13 +45,15 @@ EAGER_FLUSH = 64  # batches: with a writer process, a chunk goes once this many 
 
 
 def _resumable(db: Any, config: Mapping[str, Any]) -> tuple[int, float, int] | None:
-    """The newest watch run of the same sources that is not running and kept its
-    raw rows (so its cache state can be rebuilt): (run id, started_at, start_ns)."""
+    """The newest watch run of the same sources that nothing writes any more and that
+    kept its raw rows (so its cache state can be rebuilt): (run id, started_at,
+    start_ns)."""
     sources = config.get("sources")
     if not sources:
         return None
-    for run_id, status, started_at, start_ns, raw in db.execute(
-        "SELECT id, status, started_at, start_ns, config FROM runs WHERE kind = ? ORDER BY id DESC",
+    for run_id, status, started_at, start_ns, raw, heartbeat, pid, host in db.execute(
+        "SELECT id, status, started_at, start_ns, config, heartbeat, writer_pid, writer_host "
+        "FROM runs WHERE kind = ? ORDER BY id DESC",
         (WATCH_KIND,),
     ).fetchall():
         try:
@@ -58,8 +62,8 @@ def _resumable(db: Any, config: Mapping[str, Any]) -> tuple[int, float, int] | N
             continue
         if old.get("sources") != list(sources) or old.get("engine") != config.get("engine"):
             continue
-        if status == RUNNING:
-            return None  # another watch is writing it, or died: do not write over it
+        if status == RUNNING and not _writer_gone(heartbeat, pid, host):
+            return None  # another watch is writing it: do not write over it
         trimmed = db.execute(
             "SELECT raw_trimmed_before FROM watch_agg_state WHERE run_id = ?", (run_id,)
         ).fetchone()
@@ -67,6 +71,22 @@ def _resumable(db: Any, config: Mapping[str, Any]) -> tuple[int, float, int] | N
             return None  # --keep-raw: its cache state cannot be rebuilt; a new run
         return run_id, started_at, start_ns
     return None
+
+
+def _writer_gone(heartbeat: float | None, pid: int | None, host: str | None) -> bool:
+    """Whether a run left 'running' can be taken over: nothing can write it any more.
+
+    A watch killed with its writer process (kill -9 of the group, the OOM killer, a
+    reboot) leaves its run 'running', and a watch started again had begun a new run
+    from an empty cache. Gone: its heartbeat older than HEARTBEAT_STALE_S (a writer
+    process that outlived its watching process marks the run failed within
+    milliseconds, so it is not racing us) and, on this host, its watching process
+    no longer there (a live idle watch refreshes its heartbeat every flush)."""
+    if heartbeat is not None and time.time() - heartbeat <= HEARTBEAT_STALE_S:
+        return False
+    if pid is not None and host == socket.gethostname():
+        return resolve_status(RUNNING, time.time(), pid, host) == INCOMPLETE
+    return True
 
 
 class WatchRecorder:

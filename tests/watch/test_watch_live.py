@@ -386,6 +386,55 @@ def test_a_watch_started_again_resumes_its_run(
     fresh.stop()
 
 
+def test_a_run_whose_watch_died_with_its_writer_is_resumed(tmp_path: Path, publishers) -> None:
+    """kill -9 of the whole group (or the OOM killer, a reboot) leaves the run
+    'running' with nothing writing it: a watch started again resumes it once its
+    heartbeat is stale and its watching process gone, and never takes over a run
+    whose writer may still be there."""
+    import os
+    import subprocess
+    import time
+
+    pub = publishers()
+    specs = expand_sources(pub.endpoint)
+    config = {"sources": [s.endpoint for s in specs], "engine": "vllm"}
+    db = tmp_path / "w.db"
+    first = _session(db, specs, config=config)
+    pub.wait_for_subscribers()
+    pub.publish([vllm_stored([1, 2])])
+    wait_until(lambda: first.status().batches == 1)
+    first.stop(INTERRUPTED)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+
+    def left_running(pid: int, heartbeat_age_s: float) -> None:
+        conn = sqlite3.connect(db)
+        with conn:
+            conn.execute(
+                "UPDATE runs SET status = 'running', ended_at = NULL, writer_pid = ?, "
+                "heartbeat = ?",
+                (pid, time.time() - heartbeat_age_s),
+            )
+        conn.close()
+
+    for pid, age_s in ((os.getpid(), 60.0), (dead.pid, 1.0)):  # alive; or just died
+        left_running(pid, age_s)
+        other = _session(db, specs, config=config)
+        assert not other.recorder.resumed and other.run_id != first.run_id
+        other.stop()
+        sqlite3.connect(db).execute(
+            "DELETE FROM runs WHERE id = ?", (other.run_id,)
+        ).connection.commit()
+    left_running(dead.pid, 60.0)
+    second = _session(db, specs, config=config)
+    assert second.recorder.resumed and second.run_id == first.run_id
+    pub.publish([vllm_removed([1])])
+    wait_until(lambda: second.status().batches == 1)
+    second.stop()
+    (stats,) = q.block_stats(db, first.run_id)
+    assert stats.removed_unknown == 0 and stats.cached == {"GPU": 1}
+
+
 def test_a_restart_that_overtook_the_old_numbering_is_detected(tmp_path: Path, publishers) -> None:
     """The engine restarted and published past our last sequence number before we
     saw it: not a gap of the old engine but a restart, found in the replay buffer
