@@ -292,7 +292,38 @@ def host_budget(args: argparse.Namespace, kv_budget: int | None) -> int:
     return default
 
 
+def _check_cost_device(config: EngineConfig) -> None:
+    """The offload cost model's device, named as the engine will look it up."""
+    from engine.presets import device_preset
+
+    try:
+        device_preset(config.cost_device)
+    except KvscopeError as exc:
+        raise KvscopeError(f"--cost-device: {exc}") from None
+
+
+def _check_pool(config: EngineConfig) -> None:
+    """A KV budget too small for the engine's pool, refused from the model's shape before
+    its weights load (``--kv-budget 10`` had waited for the whole load to hear so). A
+    model whose shape cannot be read is left to the load, which says why where it always has."""
+    from engine.loader import read_config
+    from engine.sizing import kv_bytes_per_token, pool_pages
+
+    if config.kv_budget_bytes is None:  # --memory-fraction: measured once the model is built
+        return
+    try:
+        shape = read_config(config.model, config.load_format)
+    except KvscopeError:
+        return
+    per_token = kv_bytes_per_token(
+        shape.num_layers, shape.num_kv_heads, shape.head_dim, config.kv_dtype
+    )
+    pool_pages(config.kv_budget_bytes, per_token, config.page_size)
+
+
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The flags as an ``EngineConfig``, every check that needs no weights done: the README
+    promises bad input is refused before the model loads."""
     _check_host_memory("--host-budget", args.host_budget)
     if args.threads is not None:
         import torch
@@ -303,6 +334,13 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         _check_host_memory("--kv-budget", args.kv_budget)
         if args.load_format == "dummy":
             _check_dummy_weights(args.model, args.weights_dtype)
+    config = _engine_config(args, device)
+    _check_cost_device(config)
+    _check_pool(config)
+    return config
+
+
+def _engine_config(args: argparse.Namespace, device: str) -> EngineConfig:
     return EngineConfig(
         model=args.model,
         kv_budget_bytes=None if args.memory_fraction is not None else args.kv_budget,

@@ -30,6 +30,13 @@ OVERHEAD_NOTE = "CUDA context, cuBLAS workspace and NCCL buffers cost 1-2 GiB"
 # No GiB, GB/s, TFLOP/s, rate or duration a user means is this large; past it the
 # arithmetic overflows to infinity and the answer would be meaningless.
 MAX_FIGURE = 1e15
+# Layers, heads and head_dim past 2^16 are no model's (the largest have ~128 of each);
+# head_dim 10^23 had printed KV bytes per token 27 digits wide.
+MAX_SHAPE = 1 << 16
+MAX_KV_WIDTH = 1 << 24  # kv_heads x head_dim: 16,384 for the widest MHA model
+# Tokens of a context, a request or a resident budget: 2^40 is ~8,000 times the longest
+# context any model takes (2^27); --resident-tokens 1e30 had made columns 50 wide.
+MAX_TOKENS = 1 << 40
 
 
 def finite(text: str) -> float:
@@ -134,6 +141,10 @@ def parse_residency(text: str) -> Residency:
         raise argparse.ArgumentTypeError(f"not a token count or a fraction: {text!r}") from None
     if not math.isfinite(value) or value <= 0 or (text.endswith("%") and value > 1):
         raise argparse.ArgumentTypeError(f"must be a positive count or a fraction, got {text}")
+    if value > MAX_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_TOKENS:,} tokens (2^40), got {text}"
+        )
     return Residency(fraction=value) if value < 1 else Residency(tokens=value)
 
 
@@ -144,14 +155,14 @@ def add_model_options(
     group.add_argument("--preset", help=f"model preset: {', '.join(MODELS)}")
     group.add_argument("--config", metavar="CONFIG_JSON", help="a Hugging Face config.json")
     group.add_argument("--gguf", metavar="FILE", help="a GGUF model file (metadata only)")
-    group.add_argument("--layers", type=positive_int)
-    group.add_argument("--q-heads", type=positive_int, help="query (attention) heads")
-    group.add_argument("--kv-heads", type=positive_int)
-    group.add_argument("--head-dim", type=positive_int)
+    group.add_argument("--layers", type=at_most(MAX_SHAPE))
+    group.add_argument("--q-heads", type=at_most(MAX_SHAPE), help="query (attention) heads")
+    group.add_argument("--kv-heads", type=at_most(MAX_SHAPE))
+    group.add_argument("--head-dim", type=at_most(MAX_SHAPE))
     if kv_width:
         group.add_argument(
             "--kv-width",
-            type=positive_int,
+            type=at_most(MAX_KV_WIDTH),
             help="kv_heads x head_dim (D_model / GQA group), instead of --kv-heads/--head-dim",
         )
     group.add_argument(
@@ -182,8 +193,9 @@ def add_budget_options(parser: argparse.ArgumentParser) -> None:
         type=non_negative,
         help="activation reserve for the largest forward pass (default 0)",
     )
-    parser.add_argument("--input-tokens", type=positive_int, help="prompt tokens (default 1024)")
-    parser.add_argument("--output-tokens", type=positive_int, help="output tokens (default 1024)")
+    tokens = at_most(MAX_TOKENS)
+    parser.add_argument("--input-tokens", type=tokens, help="prompt tokens (default 1024)")
+    parser.add_argument("--output-tokens", type=tokens, help="output tokens (default 1024)")
 
 
 # Defaults live on ``calc`` only: its subcommands parse with SUPPRESS, so flags
@@ -259,6 +271,7 @@ def memory_budget(
     memory_gib = args.memory_gib or (device.memory_gib if device else None)
     if memory_gib is None:
         if needed_for is None:
+            _refuse_budget_flags(args)
             return None
         raise KvscopeError(f"{needed_for} needs a device: --device NAME or --memory-gib N")
     if args.weights_gib is not None:
@@ -276,6 +289,31 @@ def memory_budget(
         overhead_bytes=round(args.overhead_gib * GIB),
         activation_bytes=round(args.activation_gib * GIB),
     )
+
+
+# The flags that only shape a budget, as ``add_budget_options`` names them.
+BUDGET_FLAGS = {
+    "weights_gib": "--weights-gib",
+    "weight_dtype": "--weight-dtype",
+    "overhead_gib": "--overhead-gib",
+    "activation_gib": "--activation-gib",
+}
+
+
+def _refuse_budget_flags(args: argparse.Namespace) -> None:
+    """Without a device there is no budget, so its flags would change nothing: say so
+    rather than print figures that silently ignore them (``--weights-gib 16`` had)."""
+    given = [
+        flag
+        for name, flag in BUDGET_FLAGS.items()
+        if getattr(args, name, None) != CALC_DEFAULTS.get(name)
+    ]
+    if given:
+        need = "needs" if len(given) == 1 else "need"
+        raise KvscopeError(
+            f"{' and '.join(given)} {need} a device for the KV budget: "
+            "add --device NAME or --memory-gib N"
+        )
 
 
 def budget_figures(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, Any]:

@@ -3,6 +3,9 @@
 ``open_db`` creates or migrates the file, switches it to WAL (readers never
 block the writer) and turns every way a path can be wrong into one
 ``KvscopeError`` line, so no caller ever shows a user a sqlite3 traceback.
+Only writers (``create=True``: ``run``, ``watch``, ``simulate --db``) start a
+kvscope database in a file; readers refuse one that holds none yet, an empty
+file included, rather than write a schema into it.
 """
 
 from __future__ import annotations
@@ -43,13 +46,18 @@ def open_db(path: str | os.PathLike[str], *, create: bool = True) -> Database:
     writer) but must be used by one thread at a time. Raises ``KvscopeError``
     for a missing file (``create=False``), a directory, a path that cannot be
     opened or written, a file that is not SQLite, an SQLite file of another
-    application, or a schema newer than this code.
+    application, an empty file or SQLite database (``create=False``), or a schema
+    newer than this code.
     """
     path = Path(path)
     if path.is_dir():
         raise KvscopeError(f"database path {path} is a directory, not a file")
     if not create and not path.exists():
         raise KvscopeError(f"no database at {path}")
+    if not create and path.stat().st_size == 0:
+        # `runs`, `report` and `dash` had written a whole schema (180 kB) into any empty
+        # file named to them (a typo, a file made by `touch`) and then called it empty.
+        raise KvscopeError(f"{path} is empty: not a kvscope database (nothing recorded into it)")
     if not create and not _writable(path):
         return _open_read_only(path)
     try:
@@ -60,7 +68,7 @@ def open_db(path: str | os.PathLike[str], *, create: bool = True) -> Database:
         ) from None
     try:
         db = Database(conn, execute_plugins=False)
-        _check_application(db, path)
+        _check_application(db, path, create=create)
         db.execute("PRAGMA journal_mode = wal")
         db.execute("PRAGMA synchronous = normal")  # WAL + normal: a crash loses no commit
         migrate(db)
@@ -99,7 +107,7 @@ def _open_read_only(path: Path) -> Database:
             continue
         db = Database(conn, execute_plugins=False)
         try:
-            _check_application(db, path)
+            _check_application(db, path, create=False)
             version = schema_version(db)
             if version == SCHEMA_VERSION:
                 _check_tables(db)
@@ -138,9 +146,13 @@ def _check_tables(db: Database) -> None:
         )
 
 
-def _check_application(db: Database, path: Path) -> None:
+def _check_application(db: Database, path: Path, *, create: bool) -> None:
+    """Ours, or blank and about to become ours (``create``); a reader does not migrate a
+    blank SQLite file into a kvscope database, as it must not write one into an empty file."""
     app_id = db.execute("PRAGMA application_id").fetchone()[0]
     if app_id == APPLICATION_ID:
         return
     if app_id != 0 or db.table_names():
         raise KvscopeError("an SQLite database of another application, not a kvscope database")
+    if not create:
+        raise KvscopeError("an empty SQLite database, not a kvscope database (nothing recorded)")

@@ -106,6 +106,44 @@ def dummy_weights(
     return w
 
 
+def stored_weight_bytes(config: ModelConfig, weights_dtype: str, device: str = "cpu") -> int:
+    """What ``DecoderModel.weight_bytes`` says of ``config`` once built, with no weight drawn:
+    ``kvscope info`` describes an 8B dummy model at once, where building it drew 16 GB
+    for over a minute. It follows ``engine.model``'s storage (a test holds the two equal
+    for every format): embeddings and norms in the activation dtype; projections fp32,
+    bf16, int8 with a bf16 scale per row, or int4 with a bf16 scale and zero per 32
+    inputs; a tied LM head is the embedding table itself but for CPU bf16 (a packed
+    copy) and int8/int4 (its own int8 matrix).
+    """
+    from engine.model import INT4_GROUP
+
+    act = 4 if weights_dtype == "fp32" else 2
+    on_cpu = torch.device(device).type == "cpu"  # CUDA runs fused kernels on plain layouts
+    packs = weights_dtype == "bf16" and on_cpu and torch.backends.mkldnn.is_available()
+
+    def matrix(rows: int, cols: int, fmt: str = weights_dtype) -> int:
+        if fmt == "int4":
+            if cols % INT4_GROUP:
+                raise ModelLoadError(
+                    f"int4 weights need in-features divisible by {INT4_GROUP}, got {cols}"
+                )
+            return rows * cols // 2 + cols // INT4_GROUP * rows * 2 * 2
+        if fmt == "int8":
+            return rows * cols + rows * 2
+        return rows * cols * (4 if fmt == "fp32" else 2)
+
+    h, v, inter = config.hidden_size, config.vocab_size, config.intermediate_size
+    q, kv = config.num_q_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    total = v * h * act + h * act  # the embedding table and the final norm
+    if not config.tie_embeddings or weights_dtype not in ("fp32", "bf16"):
+        total += matrix(v, h, "int8" if weights_dtype == "int4" else weights_dtype)
+    elif packs:
+        total += matrix(v, h)
+    layer = 2 * h * act + matrix(q + 2 * kv, h) + matrix(h, q)
+    layer += matrix(2 * inter, h) + matrix(h, inter)
+    return total + config.num_layers * layer
+
+
 def dummy_shell(model: str | ModelConfig | None) -> LoadedModel:
     """A dummy model without weights: an engine draws them, builds its model, drops them."""
     config = model if isinstance(model, ModelConfig) else dummy_config(model)

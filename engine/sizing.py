@@ -69,6 +69,19 @@ def kv_bytes_per_token(
     return 2 * num_kv_heads * num_layers * kv_dtype_spec(kv_dtype).bytes_per_head_vector(head_dim)
 
 
+def pool_pages(budget_bytes: int, bytes_per_token: float, page_size: int) -> int:
+    """Whole KV pages a budget holds, as the engine sizes its pool; fewer than two is
+    the engine's refusal, which ``info`` and the checks before a model load share."""
+    page_bytes = bytes_per_token * page_size
+    pages = int(budget_bytes // page_bytes)
+    if pages < 2:
+        raise KvscopeError(
+            f"KV budget of {budget_bytes} bytes holds {pages} pages of {page_bytes:.0f} bytes; "
+            "raise --kv-budget"
+        )
+    return pages
+
+
 # Bytes per parameter for the weights; int4 ignores its small per-group scales.
 WEIGHT_BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
 

@@ -363,3 +363,53 @@ def test_seq_len_is_used_throughout_and_an_mha_model_gets_a_real_gqa_row(capsys)
     assert "4,096 tokens per sequence" in out and "1,024 in" not in out
     gqa_row = next(line for line in out.splitlines() if line.startswith("GQA"))
     assert gqa_row.split()[1] == "8"
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        # head_dim 10^23 had printed KV bytes per token 27 digits wide, and exit 0.
+        (["--layers", "32", "--q-heads", "32", "--kv-heads", "8", "--head-dim", "1" + "0" * 23],
+         "argument --head-dim: must be at most 65,536"),
+        (["--layers", "65537", "--q-heads", "32", "--kv-heads", "8", "--head-dim", "128"],
+         "argument --layers: must be at most 65,536"),
+        (["--preset", "llama3-8b", "--seq-len", str(2**40 + 1)],
+         "argument --seq-len: must be at most 1,099,511,627,776"),
+        (["offload", "--kv-width", "1" + "0" * 20, "--layers", "3", "--params", "8B"],
+         "argument --kv-width: must be at most 16,777,216"),
+        # --resident-tokens 1e30 had made each InfLLM column 50 characters wide.
+        (["cliff", "--preset", "llama3-8b", "--device", "h100-80", "--resident-tokens", "1e30"],
+         "argument --resident-tokens: must be at most 1,099,511,627,776 tokens (2^40)"),
+        (["cliff", "--preset", "llama3-8b", "--device", "h100-80", "--max-context", str(2**40 + 1)],
+         "argument --max-context: must be at most 1,099,511,627,776"),
+    ],
+)  # fmt: skip
+def test_calc_refuses_sizes_no_model_has_naming_the_flag_and_the_limit(capsys, argv, fragment):
+    assert fragment in run_error(capsys, "calc", *argv)
+
+
+def test_calc_takes_sizes_up_to_the_limits(capsys):
+    cliff = ["calc", "cliff", "--preset", "llama3-8b", "--device", "h100-80"]
+    r = run_json(capsys, *cliff, "--resident-tokens", str(2**40), "--max-context", str(2**40))
+    assert len(r["contexts"]) == 31 and r["contexts"][-1] == 2**40
+    flags = ("--layers", "--q-heads", "--kv-heads", "--head-dim")
+    shape = [arg for flag in flags for arg in (flag, "65536")]
+    assert run_json(capsys, "calc", *shape)["kv_bytes_per_token"] == 2 * 2**48 * 2  # fp16
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--weights-gib", "16"], "--weights-gib needs a device"),
+        (["--weights-gib", "16", "--overhead-gib", "0"], "--weights-gib and --overhead-gib need"),
+        (["--activation-gib", "2"], "--activation-gib needs a device"),
+        (["--weight-dtype", "int4"], "--weight-dtype needs a device"),
+    ],
+)
+def test_budget_flags_without_a_device_are_an_error_not_ignored(capsys, flags, fragment):
+    """Without a device calc prints no budget, so ``--weights-gib 16`` had changed nothing,
+    silently; with one it sizes the budget."""
+    err = run_error(capsys, "calc", "--preset", "llama3-8b", *flags)
+    assert fragment in err and "--device NAME or --memory-gib N" in err
+    r = run_json(capsys, "calc", "--preset", "llama3-8b", "--device", "h100-80", *flags)
+    assert "kv_budget_bytes" in r

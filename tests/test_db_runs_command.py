@@ -148,3 +148,31 @@ def test_a_run_whose_config_is_not_json_is_one_error_line(tmp_path: Path, capsys
         with sqlite3.connect(path) as conn:
             conn.execute(f"UPDATE runs SET {column} = '{{}}' WHERE id = ?", (run_id,))
     assert main(["runs", "--db", str(path)]) == 0
+
+
+@pytest.mark.parametrize("command", ["runs", "report", "tui", "dash"])
+def test_reading_commands_leave_an_empty_file_empty(
+    tmp_path: Path, capsys, monkeypatch, command
+) -> None:
+    """``runs``, ``report`` and ``dash`` had written a kvscope schema into a 0-byte file
+    (a typo, a ``touch``) and then called it a database without runs."""
+    if command == "dash":  # a dashboard that did start returns at once, and the test fails
+        from app.dashboard.server import Server
+
+        monkeypatch.setattr(Server, "serve_forever", lambda self: None)
+    path = tmp_path / "empty.db"
+    path.write_bytes(b"")
+    assert main([command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvscope: error: ") and err.count("\n") == 1, err
+    assert f"{path} is empty" in err
+    assert path.stat().st_size == 0 and sorted(tmp_path.iterdir()) == [path]
+
+
+def test_simulate_starts_a_database_in_an_empty_file(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "new.db"
+    path.write_bytes(b"")
+    assert main(["simulate", "--requests", "5", "--db", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["runs", str(path), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 3  # one run per allocator

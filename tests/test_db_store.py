@@ -173,3 +173,47 @@ def test_a_database_missing_one_of_its_tables_is_one_error(tmp_path: Path) -> No
             open_db(path, create=False)
     finally:
         path.chmod(0o644)
+
+
+def _blank_sqlite(path: Path) -> Path:
+    """An SQLite file with no tables and no application id (what another tool leaves)."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE scratch (x)")
+        conn.execute("DROP TABLE scratch")
+    assert path.stat().st_size > 0
+    return path
+
+
+def test_readers_refuse_an_empty_file_and_leave_it_empty(tmp_path: Path) -> None:
+    """Readers had migrated a 0-byte file into a whole kvscope schema (180 kB) before
+    saying it held no runs; an empty file, or an SQLite file holding nothing, is refused
+    and left as it was, writable or read-only."""
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with pytest.raises(KvscopeError, match=r"empty\.db is empty: not a kvscope database"):
+        open_db(empty, create=False)
+    assert empty.stat().st_size == 0
+    blank = _blank_sqlite(tmp_path / "blank.db")
+    size = blank.stat().st_size
+    with pytest.raises(KvscopeError, match="an empty SQLite database, not a kvscope database"):
+        open_db(blank, create=False)
+    assert blank.stat().st_size == size and not Path(f"{blank}-wal").exists()
+    with sqlite3.connect(blank) as conn:
+        assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+    for path in (empty, blank):
+        path.chmod(0o444)
+        try:
+            with pytest.raises(KvscopeError, match="not a kvscope database"):
+                open_db(path, create=False)
+        finally:
+            path.chmod(0o644)
+
+
+def test_writers_still_start_a_database_in_an_empty_file(tmp_path: Path) -> None:
+    for path in (tmp_path / "empty.db", _blank_sqlite(tmp_path / "blank.db")):
+        if path.name == "empty.db":
+            path.write_bytes(b"")
+        db = open_db(path)
+        assert schema_version(db) == SCHEMA_VERSION
+        db.conn.close()
+        open_db(path, create=False).conn.close()  # and readers read it from then on

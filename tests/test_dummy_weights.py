@@ -151,3 +151,49 @@ def test_a_budget_that_leaves_nothing_for_the_kv_cache_is_a_clear_error():
     config = EngineConfig(kv_budget_bytes=None, memory_fraction=1e-6)
     with pytest.raises(KvscopeError, match="no memory left for the KV cache"):
         Engine(config, loaded=tiny_dummy())
+
+
+@pytest.mark.parametrize("weights_dtype", ["fp32", "bf16", "int8", "int4"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_stored_weight_bytes_are_what_the_built_model_holds(weights_dtype, tied):
+    """``info`` counts a dummy model's bytes from its shape; they must be the built model's."""
+    from engine.dummy import stored_weight_bytes
+    from engine.model import DecoderModel
+
+    config = dataclasses.replace(TINY, tie_embeddings=tied)
+    model = DecoderModel(config, dummy_weights(config), weights_dtype, "cpu")
+    assert stored_weight_bytes(config, weights_dtype, "cpu") == model.weight_bytes
+
+
+@pytest.mark.parametrize("weights_dtype", ["fp32", "bf16"])
+def test_info_on_dummy_weights_prints_what_the_built_engine_would(weights_dtype):
+    from app.cli import build_parser
+    from app.commands.info import _from_engine, _from_shape
+    from app.engine_options import engine_config_from_args
+
+    argv = ["info", "--model", "preset:smollm2-135m", "--load-format", "dummy"]
+    args = build_parser().parse_args([*argv, "--weights-dtype", weights_dtype])
+    config = engine_config_from_args(args)
+    assert _from_shape(config) == _from_engine(config)
+
+
+def test_info_describes_a_large_dummy_model_without_drawing_it(capsys):
+    """Info had built the engine: 8B random weights drawn (16 GB in bf16) for over a
+    minute on the CPU, to print a shape. int4 keeps the memory check below small machines'."""
+    import json
+    import time
+
+    from app.cli import main
+
+    started = time.monotonic()
+    argv = ["info", "--model", "preset:llama3-8b", "--load-format", "dummy", "--device", "cpu"]
+    assert main([*argv, "--weights-dtype", "int4", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert time.monotonic() - started < 20  # the draw alone had taken over a minute
+    assert "loading model" not in err  # nothing was loaded, or drawn
+    info = json.loads(out)
+    assert info["model"] == "dummy:llama3-8b" and info["params"] == 8_030_261_248
+    # int4 projections (half a byte a weight, and their scales), an int8 head, bf16 embeddings.
+    assert 0.5 * info["params"] < info["weight_bytes"] < 0.8 * info["params"]
+    assert info["kv_bytes_per_token"] == 2 * 8 * 128 * 32 * 4  # fp32 KV
+    assert info["pages"] == (24 << 20) // (16 * info["kv_bytes_per_token"]) == 6

@@ -19,8 +19,10 @@ from app.cliff import CLIFF_DESCRIPTION, run_cliff
 from app.output_format import GIB, count_text, format_table, human_bytes, plain_dict
 from app.sizing_args import (
     CALC_DEFAULTS,
+    MAX_TOKENS,
     add_budget_options,
     add_model_options,
+    at_most,
     budget_figures,
     device_arg,
     memory_budget,
@@ -28,7 +30,6 @@ from app.sizing_args import (
     parse_residency,
     plot_file,
     positive,
-    positive_int,
     resolve_model,
 )
 from engine.errors import KvscopeError
@@ -46,15 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser, kv_width=False, kv_dtype_help="KV cache element format (default fp16)"
     )
     add_budget_options(parser)
+    tokens = at_most(MAX_TOKENS)  # a count past 2^40 tokens is a typo, and a table 40 digits wide
     parser.add_argument(
         "--max-model-len",
-        type=positive_int,
+        type=tokens,
         help="tokens each request reserves under max-length reservation (default: the model's context)",
     )
-    parser.add_argument(
-        "--seq-len", type=positive_int, help="with --batch: KV bytes of B x S tokens"
-    )
-    parser.add_argument("--batch", type=positive_int, help="sequences for --seq-len (default 1)")
+    parser.add_argument("--seq-len", type=tokens, help="with --batch: KV bytes of B x S tokens")
+    parser.add_argument("--batch", type=tokens, help="sequences for --seq-len (default 1)")
     parser.set_defaults(handler=run_calc, **CALC_DEFAULTS)
 
     what = parser.add_subparsers(dest="calc_what", metavar="[offload|cliff]")
@@ -94,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     cliff.add_argument(
         "--max-context",
-        type=positive_int,
+        type=tokens,
         help="longest context in the table and the plot (default 131072)",
     )
     cliff.add_argument(

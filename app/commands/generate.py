@@ -10,7 +10,7 @@ import sys
 from app.engine_options import add_engine_options, engine_config_from_args
 from app.progress import loading_model
 from app.sizing_args import finite
-from engine.errors import RequestError
+from engine.errors import KvscopeError, RequestError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,10 +42,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _check_prompts(prompts: list[str], chat: bool) -> None:
+    """An empty prompt has no token to generate from; said before the model loads, not
+    after it (a chat template wraps even an empty message in tokens, so --chat takes one)."""
+    empty = [str(i + 1) for i, prompt in enumerate(prompts) if not prompt]
+    if empty and not chat:
+        which = "prompt" if len(empty) == 1 else "prompts"
+        raise KvscopeError(f"{which} {', '.join(empty)}: empty prompt (nothing to continue)")
+
+
 def run(args: argparse.Namespace) -> int:
     from engine.engine import Engine
     from engine.sampler import SamplingParams
 
+    _check_prompts(args.prompts, args.chat)
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,

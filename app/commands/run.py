@@ -31,6 +31,7 @@ from app.progress import loading_model
 from app.sizing_args import at_most, non_negative, port
 from app.workloads import BUILTIN, MAX_REQUESTS, WorkItem, load_workload
 from db.miss_reasons import miss_line, run_miss_reasons
+from engine.engine_config import EngineConfig
 
 RUN_KV_BUDGET = "24MiB"  # small on purpose: prefix hits, eviction and preemption all happen
 FIT_LONGEST = 2  # a budget sized to the workload holds this many of its longest requests
@@ -125,14 +126,19 @@ def workload_kv_bytes(engine, items: list[WorkItem]) -> int:
     )
 
 
-def _engine_for(args: argparse.Namespace, items: list[WorkItem]):
-    """The engine, its KV budget raised to fit the workload when the user chose none."""
-    from engine.engine import Engine
-
+def _run_config(args: argparse.Namespace) -> tuple[EngineConfig, bool]:
+    """The engine's configuration, its flags checked, and whether its KV budget may be
+    sized to the workload (the user chose none)."""
     fit = args.kv_budget is None and args.memory_fraction is None
     if args.kv_budget is None:
         args.kv_budget = parse_size(RUN_KV_BUDGET)
-    config = engine_config_from_args(args)
+    return engine_config_from_args(args), fit
+
+
+def _engine_for(args: argparse.Namespace, config: EngineConfig, fit: bool, items: list[WorkItem]):
+    """The engine, its KV budget raised to fit the workload when ``fit``."""
+    from engine.engine import Engine
+
     with loading_model(config.model):
         engine = Engine(config)
     context = engine.model_config.max_position
@@ -206,9 +212,10 @@ def run(args: argparse.Namespace) -> int:
     from profiler.recorder import Recorder
 
     items = load_workload(args.workload, args.requests, args.rate, args.seed)
+    config, fit = _run_config(args)  # bad engine flags fail before a database is made
     db_file = str(db_path(args))
     open_db(db_file).conn.close()  # a bad --db fails now, before the model loads
-    engine = _engine_for(args, items)
+    engine = _engine_for(args, config, fit, items)
     recorder = Recorder(db_file, _config_record(args, engine), model=engine.loaded.source)
     unsubscribe = engine.bus.subscribe(recorder.on_event)
     recorder.start()
