@@ -42,8 +42,15 @@ def drive(
     stop: threading.Event,
     on_progress: Callable[[Progress], None] | None = None,
     progress_every_s: float = 0.5,
+    ignore_eos: bool = False,
 ) -> dict:
-    """Run ``items`` to completion (or until ``stop``); returns counts for the summary."""
+    """Run ``items`` to completion (or until ``stop``); returns counts for the summary.
+
+    ``ignore_eos``: every request runs to its max tokens, so what the run schedules
+    does not hang on where the model's text happens to stop, which a CPU's matmul
+    kernels can move (the same 24 requests preempted 8 times on one machine, 10 on
+    another, through three requests ending a few tokens apart)."""
+
     pending = deque(sorted(items, key=lambda it: it.arrival_s))
     total = len(pending)
     submitted = finished = 0
@@ -58,7 +65,8 @@ def drive(
             submitted += 1
             try:
                 engine.add_request(
-                    render_prompt(engine, item), SamplingParams(max_tokens=item.max_tokens)
+                    render_prompt(engine, item),
+                    SamplingParams(max_tokens=item.max_tokens, ignore_eos=ignore_eos),
                 )
             except RequestError as exc:
                 rejections.append(str(exc))  # refused and recorded as such; the others keep running

@@ -65,6 +65,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="Poisson arrival rate of built-in workloads, requests/s; 0: all at once (default 4)",
     )
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="generate every request's max tokens, as vLLM's benchmarks do: output lengths, "
+        "hence scheduling, preemptions and the KV they need, no longer depend on the text",
+    )
     add_db_argument(p, positional=False, help="the database to record into")
     p.add_argument(
         "--headless",
@@ -97,6 +103,7 @@ def _config_record(args: argparse.Namespace, engine) -> dict:
     record = dataclasses.asdict(engine.config)
     record.update(
         workload=args.workload, requests=args.requests, rate=args.rate, seed=args.seed,
+        ignore_eos=args.ignore_eos,
         kv_bytes_per_token=engine.bytes_per_token,
         params=engine.model_config.num_params, pages=engine.num_pages,
         kv_budget_sized_to_workload=args.kv_budget_sized,
@@ -226,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
 
     def job(stop: threading.Event) -> dict:
         """Drive the workload, then close the run (so the UI shows its final status)."""
-        outcome.update(drive(engine, items, stop, on_progress=progress))
+        outcome.update(drive(engine, items, stop, on_progress=progress, ignore_eos=args.ignore_eos))
         for close in extras:
             close()
         unsubscribe()
