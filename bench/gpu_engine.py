@@ -571,7 +571,12 @@ def recorded_run(report: Report, device: str, smoke: bool, out: Path) -> dict:
     db.unlink(missing_ok=True)
     # The run's record as `kvscope run` writes it, so every front end reads it the same way.
     workload = argparse.Namespace(
-        workload="chat", requests=requests, rate=rate, seed=0, kv_budget_sized=False
+        workload="chat",
+        requests=requests,
+        rate=rate,
+        seed=0,
+        ignore_eos=False,
+        kv_budget_sized=False,
     )
     recorder = Recorder(db, _config_record(workload, engine), model=engine.loaded.source)
     unsubscribe = engine.bus.subscribe(recorder.on_event)
