@@ -73,6 +73,14 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def device_name(text: str) -> str:
+    """``--device``: a name, not blank (``--device ''`` had been taken as no device at all,
+    a hint printed and exit 0, or "needs a device" said of a command that had one)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"needs a device name, got {text!r}")
+    return text
+
+
 def plot_file(text: str) -> str:
     """A chart's file name: .html or .png, checked before the work that fills it (an
     empty name had written nothing and said nothing; a wrong suffix was found only
@@ -169,7 +177,7 @@ def add_model_options(
         "--params", type=parse_count, help="parameter count (8e9, 8B, 135M); overrides the model's"
     )
     parser.add_argument("--kv-dtype", "--dtype", choices=list(KV_DTYPES), help=kv_dtype_help)
-    parser.add_argument("--device", help=f"device preset: {', '.join(DEVICES)}")
+    parser.add_argument("--device", type=device_name, help=f"device preset: {', '.join(DEVICES)}")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -48,7 +48,7 @@ from engine.request import Request, Status
 from engine.runner import ModelRunner
 from engine.sampler import SampledTokens, SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
-from engine.sizing import kv_bytes_per_token, reload_cost
+from engine.sizing import kv_bytes_per_token, pool_pages, reload_cost
 
 
 class RequestOutput:
@@ -177,11 +177,7 @@ class Engine:
             else kv_budget_from_terms(self.budget)
         )
         page_bytes = self.bytes_per_token * config.page_size
-        num_pages = int(self.kv_budget_bytes // page_bytes)
-        if num_pages < 2:
-            raise KvscopeError(
-                f"KV budget of {self.kv_budget_bytes} bytes holds {num_pages} pages of {page_bytes:.0f} bytes; raise --kv-budget"
-            )
+        num_pages = pool_pages(self.kv_budget_bytes, self.bytes_per_token, config.page_size)
         self.num_pages = num_pages
         self.kv = KVCacheManager(num_pages, config.page_size, self.bus)
         self.backend = resolve_attention_backend(config)

@@ -152,6 +152,21 @@ def test_calc_bad_input_is_one_clear_line(capsys, argv, message):
     assert message in run_error(capsys, *argv)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["calc", "--preset", "llama3-8b", "--device", ""],
+        ["calc", "--preset", "llama3-8b", "--device", "  "],
+        ["calc", "cliff", "--preset", "llama3-8b", "--device", ""],
+        ["calc", "offload", "--preset", "llama3-8b", "--device", ""],
+    ],
+)
+def test_a_blank_device_is_an_error_naming_the_flag(capsys, argv):
+    """``--device ''`` had been taken as no device: a hint to add one, and exit 0."""
+    err = run_error(capsys, *argv)
+    assert err.startswith("kvscope: error: argument --device: needs a device name, got '")
+
+
 def test_pure_size_question_needs_no_device_nor_parameter_count(capsys):
     shape = ("--layers", "80", "--q-heads", "64", "--kv-heads", "64", "--head-dim", "128")
     r = run_json(capsys, "calc", *shape, "--seq-len", "4096", "--batch", "16")

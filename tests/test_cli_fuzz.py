@@ -322,7 +322,8 @@ def test_replay_flags(tmp_path):
     for flag in REPLAY_FLAGS:
         for value in HOSTILE:
             argv = [*base, flag, value]
-            if flag in ("--device", "--speed"):  # read by the roofline timing only
+            # read by the roofline timing only (refused without it)
+            if flag in ("--device", "--speed", "--max-batched-tokens", "--max-num-seqs"):
                 argv += ["--timing", "roofline"]
             code, _, err = call(argv)
             assert_clean(argv, code, err)

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from tiny_model import tiny_loaded
 
+import engine.engine as engine_module
 from app.commands.run import FIT_LONGEST, workload_kv_bytes
 from app.progress import Progress, duration_text, loading_model
 from app.workloads import WorkItem
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
+from engine.errors import KvscopeError
+from engine.sizing import pool_pages
 
 CONTEXT = 512  # the tiny model's
 
@@ -61,3 +65,23 @@ def test_infllm_host_tier_holds_the_distant_context_unless_given():
     infllm = ("--kv-budget", "2GiB", "--attention-mode", "infllm")
     assert config(*infllm).host_budget_bytes == 2 << 30
     assert config(*infllm, "--host-budget", "64MiB").host_budget_bytes == 64 << 20
+
+
+def test_the_engine_refuses_a_pool_under_two_pages_by_the_shared_rule(monkeypatch):
+    """The engine sizes its pool with ``pool_pages``, the rule ``info`` and the checks
+    before a model load use, so the refusal cannot drift from theirs."""
+    calls = []
+
+    def spy(*args):
+        calls.append(args)
+        return pool_pages(*args)
+
+    monkeypatch.setattr(engine_module, "pool_pages", spy)
+    assert tiny_engine().num_pages == (1 << 20) // (16 * calls[0][1])
+    # 2 layers x 2 KV heads x 8 x 2 (K and V) x 4 bytes (fp32) = 256 bytes per token
+    with pytest.raises(KvscopeError) as refused:
+        Engine(EngineConfig(kv_budget_bytes=4000, page_size=16), loaded=tiny_loaded())
+    assert str(refused.value) == (
+        "KV budget of 4000 bytes holds 0 pages of 4096 bytes; raise --kv-budget"
+    )
+    assert len(calls) == 2

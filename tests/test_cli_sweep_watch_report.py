@@ -121,6 +121,21 @@ def test_watch_scrape_interval_has_a_floor(capsys, tmp_path):
     refused(capsys, [*argv, "0.2", "--scrape-interval", "1e-9"], "--scrape-interval", "at least")
 
 
+@pytest.mark.parametrize("value", ["-1h", "-30m", "-.5d", "-1e3", "-2.5D"])
+def test_watch_a_negative_keep_raw_reaches_the_duration_check(capsys, tmp_path, value):
+    """argparse had taken "-1h" for an option: "--keep-raw: expected one argument"."""
+    db = tmp_path / "w.db"
+    argv = ["watch", str(db), "--source", "tcp://127.0.0.1:6001", "--keep-raw", value]
+    refused(capsys, argv, f"--keep-raw {value!r} must be a positive, finite duration")
+    assert not db.exists()
+
+
+def test_watch_a_negative_duration_with_a_unit_is_a_value_not_an_option(capsys, tmp_path):
+    argv = ["watch", str(tmp_path / "w.db"), "--source", "tcp://127.0.0.1:6001"]
+    refused(capsys, [*argv, "--duration", "-5s"], "argument --duration: not a number: '-5s'")
+    refused(capsys, [*argv, "--keep-raw", "--new-run"], "--keep-raw: expected one argument")
+
+
 # --- report -------------------------------------------------------------------------------
 
 

@@ -155,6 +155,12 @@ def test_the_driver_sizes_its_pool_for_the_admitted_requests_only():
         (("--routing", "prefix-aware"), ("--routing prefix-aware", "--replicas")),
         (("--replicas", "1", "--routing", "round-robin"), ("--routing round-robin", "--replicas")),
         (("--speed", "2"), ("--speed 2", "--timing roofline")),
+        (("--max-batched-tokens", "512"), ("--max-batched-tokens 512", "--timing roofline")),
+        (("--max-num-seqs", "4"), ("--max-num-seqs 4", "--timing roofline", "sequential")),
+        (
+            ("--timing", "sequential", "--max-num-seqs", "4"),
+            ("--max-num-seqs 4", "--timing roofline"),
+        ),
         (("--capacity", "1e5,,1e6"), ("--capacity", "empty item", "'1e5,,1e6'")),
         (("--capacity", "1e5,"), ("--capacity", "empty item", "'1e5,'")),
         (("--capacity", "1.5"), ("--capacity 1.5", "not a whole number of tokens")),
@@ -198,10 +204,14 @@ def test_a_fractional_spelling_of_a_whole_token_count_is_fine(capsys, capacity, 
 
 
 def test_options_that_apply_are_still_taken(capsys):
-    """--speed with roofline, --routing with --replicas: the errors above stay narrow."""
+    """--speed and the batch limits with roofline, --routing with --replicas: the errors
+    above stay narrow."""
     base = ("replay", str(SLICE), "--limit", "6", "--capacity", "1e6", "--eviction-policy")
     base += ("lru", "--quiet", "--workers", "1")
     code, _, err = run_cli(capsys, *base, "--timing", "roofline", "--speed", "2")
+    assert code == 0, err
+    limits = ("--max-batched-tokens", "512", "--max-num-seqs", "2")
+    code, _, err = run_cli(capsys, *base, "--timing", "roofline", *limits)
     assert code == 0, err
     code, out, err = run_cli(
         capsys, *base, "--replicas", "2", "--routing", "least-loaded", "--json"

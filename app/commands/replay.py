@@ -16,6 +16,7 @@ summary, from the events), so the TUI, dashboard and reports show it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -98,6 +99,15 @@ def _list(text: str, option: str) -> list[str]:
     return items
 
 
+# The roofline's batch limits and their defaults; a sequential replay runs one request
+# at a time, each in one step, so giving either without --timing roofline is refused.
+ROOFLINE_BATCH = {
+    f.name: f.default
+    for f in dataclasses.fields(ReplayConfig)
+    if f.name in ("max_batched_tokens", "max_num_seqs")
+}
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "replay",
@@ -173,8 +183,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="roofline: divide arrival times by X (default 1)",
     )
-    tm.add_argument("--max-batched-tokens", type=positive_int, default=8192)
-    tm.add_argument("--max-num-seqs", type=positive_int, default=256)
+    tm.add_argument(
+        "--max-batched-tokens",
+        type=positive_int,
+        default=None,
+        help=f"roofline: tokens per step (default {ROOFLINE_BATCH['max_batched_tokens']})",
+    )
+    tm.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=None,
+        help=f"roofline: requests per step (default {ROOFLINE_BATCH['max_num_seqs']})",
+    )
     o = parser.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print one JSON object")
     o.add_argument(
@@ -221,6 +241,15 @@ def check_options(args: argparse.Namespace) -> None:
             f"--speed {args.speed:g} applies to --timing roofline (a {args.timing} replay "
             "runs one request after another and never reads arrival times)"
         )
+    for flag, value in (
+        ("--max-batched-tokens", args.max_batched_tokens),
+        ("--max-num-seqs", args.max_num_seqs),
+    ):
+        if value is not None and args.timing != "roofline":
+            raise KvscopeError(
+                f"{flag} {value} applies to --timing roofline (a {args.timing} replay "
+                "runs one request at a time, each in one step)"
+            )
     for item in _list(args.capacity, "--capacity"):
         _capacity(item)
     _list(args.eviction_policy, "--eviction-policy")
@@ -295,8 +324,7 @@ def configs(args: argparse.Namespace, trace: ReplayTrace) -> tuple[list[ReplayCo
         offload=args.offload,
         host_tokens=0,
         preemption=args.preemption,
-        max_batched_tokens=args.max_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
+        **{name: getattr(args, name) or default for name, default in ROOFLINE_BATCH.items()},
         model=preset,
         kv_dtype=args.kv_dtype,
         device=args.device,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import signal
 import sys
 import threading
@@ -37,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="record a vLLM or SGLang deployment's KV-cache events and /metrics, live",
         description=__doc__,
     )
+    # argparse takes "-1h" for an option (only "-1" and "-1.5" read as negative numbers),
+    # so "--keep-raw -1h" had said "expected one argument"; read as a value, the duration
+    # parser says what is wrong with it. No watch option looks like a number.
+    p._negative_number_matcher = NEGATIVE_VALUE
     p.add_argument(
         "db", nargs="?", type=Path, help="the database (default: $KVSCOPE_DB or ./kvscope.db)"
     )
@@ -175,6 +180,10 @@ def _check_distinct(groups: list) -> None:
 
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# A negative number, with an exponent or a duration's unit: -1, -.5, -1e3, -1h, -2.5D.
+NEGATIVE_VALUE = re.compile(
+    rf"-(\d+\.?\d*|\.\d+)(e[+-]?\d+)?[{''.join(DURATION_UNITS)}]?$", re.IGNORECASE
+)
 
 
 MAX_DURATION_S = 3650 * 86400.0
