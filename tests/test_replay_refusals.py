@@ -9,24 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
 from engine.replay import ReplayConfig, ReplayDriver, read_replay_trace
+from tests.test_replay_cli import SLICE, one_error, run_cli
 
-SLICE = Path(__file__).parent / "data" / "mooncake_conversation_head400.jsonl"
 GIANT = 10**8  # the most a trace line may ask (engine/replay/traces.py MAX_REQUEST_TOKENS)
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error(err: str, *fragments: str) -> None:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("kvscope: error: "), err
-    for f in fragments:
-        assert f in lines[0], lines[0]
 
 
 def warnings(err: str) -> list[str]:
