@@ -136,6 +136,19 @@ def test_watch_a_negative_duration_with_a_unit_is_a_value_not_an_option(capsys, 
     refused(capsys, [*argv, "--keep-raw", "--new-run"], "--keep-raw: expected one argument")
 
 
+@pytest.mark.parametrize("value", ["-1h", "-1", "-x"])
+def test_watch_a_database_named_like_an_option_is_refused(capsys, tmp_path, monkeypatch, value):
+    """``kvscope watch -1h`` (meant for --keep-raw) must not create a file "-1h" and watch
+    into it; ./-1h names such a file."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["watch", value, "--source", "tcp://127.0.0.1:6001", "--duration", "1"]
+    if value == "-x":
+        refused(capsys, argv, "unrecognized arguments: -x")
+    else:
+        refused(capsys, argv, f"argument db: {value!r} looks like an option, not a database")
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- report -------------------------------------------------------------------------------
 
 

@@ -32,6 +32,17 @@ def scrape_interval(text: str) -> float:
     return value
 
 
+def database(text: str) -> Path:
+    """The positional DB, which a negative-looking value (``-1h``) can reach now that it is
+    read as a value: a name starting with "-" is a mistyped option (``kvscope watch -1h``,
+    meant for --keep-raw), not a file to create and record into."""
+    if text.startswith("-"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} looks like an option, not a database; for a file of that name: ./{text}"
+        )
+    return Path(text)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "watch",
@@ -43,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     # parser says what is wrong with it. No watch option looks like a number.
     p._negative_number_matcher = NEGATIVE_VALUE
     p.add_argument(
-        "db", nargs="?", type=Path, help="the database (default: $KVSCOPE_DB or ./kvscope.db)"
+        "db", nargs="?", type=database, help="the database (default: $KVSCOPE_DB or ./kvscope.db)"
     )
     p.add_argument(
         "--source",
