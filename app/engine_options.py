@@ -321,16 +321,18 @@ def _check_pool(config: EngineConfig) -> None:
     pool_pages(config.kv_budget_bytes, per_token, config.page_size)
 
 
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+def engine_config_from_args(args: argparse.Namespace, *, allocates: bool = True) -> EngineConfig:
     """The flags as an ``EngineConfig``, every check that needs no weights done: the README
-    promises bad input is refused before the model loads."""
+    promises bad input is refused before the model loads. ``allocates``: the command will
+    build the engine; ``info`` on dummy weights does not (it sizes from the shape), so a
+    KV budget or dummy weights beyond this machine's memory are no reason to refuse it."""
     _check_host_memory("--host-budget", args.host_budget)
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    if device == "cpu":
+    if device == "cpu" and allocates:
         _check_host_memory("--kv-budget", args.kv_budget)
         if args.load_format == "dummy":
             _check_dummy_weights(args.model, args.weights_dtype)

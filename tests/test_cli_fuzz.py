@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -458,14 +459,20 @@ def test_replay_trace_lines_of_any_shape(tmp_path):
 def test_dummy_weights_larger_than_memory_are_refused_before_the_draw(tmp_path):
     """``--load-format dummy`` draws a preset's weights in host memory on the CPU: a shape
     that cannot fit is refused in one line (it ended in an allocation error, or the OOM
-    killer, partway through)."""
+    killer, partway through). info draws none: it describes the shape."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if total > 300 * 2**30:
         pytest.skip("this machine holds llama3-70b's fp32 weights")
     run = ["run", "--headless", "--requests", "1", "--db", str(tmp_path / "r.db")]
-    for command in (["generate", "hi"], ["info"], run):
-        argv = [*command, "--model", "preset:llama3-70b", "--load-format", "dummy",
-                "--weights-dtype", "fp32", "--device", "cpu"]  # fmt: skip
+    shape = ["--model", "preset:llama3-70b", "--load-format", "dummy", "--weights-dtype", "fp32",
+             "--device", "cpu"]  # fmt: skip
+    for command in (["generate", "hi"], run):
+        argv = [*command, *shape]
         code, _, err = call(argv)
         assert_clean(argv, code, err)
         assert code == 2 and "fp32 weights" in err and "more than this machine's memory" in err
+    # info draws nothing with dummy weights (it sizes from the shape): it answers
+    code, out, err = call(["info", *shape, "--json"])
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["params"] == 70_553_706_496 and info["weight_bytes"] == 4 * 70_553_706_496

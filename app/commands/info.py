@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     shape_only = args.load_format == "dummy" and args.memory_fraction is None
-    config = engine_config_from_args(args)
+    config = engine_config_from_args(args, allocates=not shape_only)
     info = _from_shape(config) if shape_only else _from_engine(config)
     if args.json:
         print(json.dumps(info))
