@@ -428,3 +428,23 @@ def test_budget_flags_without_a_device_are_an_error_not_ignored(capsys, flags, f
     assert fragment in err and "--device NAME or --memory-gib N" in err
     r = run_json(capsys, "calc", "--preset", "llama3-8b", "--device", "h100-80", *flags)
     assert "kv_budget_bytes" in r
+
+
+@pytest.mark.parametrize(
+    ("before", "what", "named"),
+    [
+        (["--weights-gib", "30"], "offload", "--weights-gib does"),
+        (
+            ["--memory-gib", "80", "--input-tokens", "10"],
+            "offload",
+            "--memory-gib, --input-tokens do",
+        ),
+        (["--max-model-len", "4096", "--batch", "3"], "cliff", "--max-model-len, --batch do"),
+    ],
+)
+def test_calc_flags_a_subcommand_would_ignore_are_an_error(capsys, before, what, named):
+    """Given before the subcommand they reach its namespace, and had been ignored silently
+    (``calc --weights-gib 30 offload``); the model flags still carry over."""
+    argv = ["calc", "--preset", "llama3-8b", *before, what, "--device", "h100-80"]
+    assert run_error(capsys, *argv) == (f"kvscope: error: {named} not apply to calc {what}")
+    assert run_json(capsys, "calc", "--preset", "llama3-8b", what, "--device", "h100-80")

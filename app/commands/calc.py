@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -69,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     offload.add_argument("--pcie-gbps", type=positive, help="host-device GB/s (overrides --device)")
     offload.add_argument("--tflops", type=positive, help="compute TFLOP/s (overrides --device)")
-    offload.set_defaults(handler=run_offload)
+    offload.set_defaults(handler=_reading_its_flags("offload", run_offload))
 
     cliff = what.add_parser(
         "cliff",
@@ -100,7 +101,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cliff.add_argument(
         "--plot", metavar="FILE", type=plot_file, help="write the curves to FILE.html (or .png)"
     )
-    cliff.set_defaults(handler=run_cliff)
+    cliff.set_defaults(handler=_reading_its_flags("cliff", run_cliff))
+
+
+# calc's own flags that a subcommand does not read. Given before the subcommand they reach
+# its namespace (the subcommands' defaults are SUPPRESS, so the model flags carry over),
+# and `calc --weights-gib 30 offload` had ignored them silently.
+_UNREAD = {
+    "offload": ("memory_gib", "weights_gib", "weight_dtype", "overhead_gib", "activation_gib",
+                "input_tokens", "output_tokens", "max_model_len", "seq_len", "batch"),
+    "cliff": ("max_model_len", "seq_len", "batch"),
+}  # fmt: skip
+
+
+def _reading_its_flags(what: str, handler: Callable[[argparse.Namespace], int]):
+    """``handler``, after refusing calc's flags that ``calc what`` would ignore."""
+
+    def checked(args: argparse.Namespace) -> int:
+        given = [
+            "--" + name.replace("_", "-")
+            for name in _UNREAD[what]
+            if getattr(args, name, None) not in (None, CALC_DEFAULTS.get(name))
+        ]
+        if given:
+            verb = "does" if len(given) == 1 else "do"
+            raise KvscopeError(f"{', '.join(given)} {verb} not apply to calc {what}")
+        return handler(args)
+
+    return checked
 
 
 def sizing_report(args: argparse.Namespace) -> dict[str, Any]:
