@@ -447,11 +447,7 @@ def answer(
     budget = MemoryBudget(device.memory_gib * GIB, weight_bytes(model.num_params, "bf16"))
     left = budget.kv_bytes - cache_bytes
     # over the requests the context admits: a refused 1e8-token line is no request's size
-    limit = config.max_model_len
-    sizes = [
-        e.input_len + e.output_len for e in trace.entries
-        if limit is None or e.input_len + max(1, e.output_len) <= limit
-    ]  # fmt: skip
+    sizes = [e.input_len + e.output_len for e in trace.entries if config.admits(e)]
     mean_tokens = sum(sizes) / max(1, len(sizes))
     out.update(
         capacity_tokens=cap,

@@ -79,8 +79,6 @@ def run(args: argparse.Namespace) -> int:
     from app.report.trace import build_trace
     from db.queries import choose_run, reader, run_info
 
-    if args.output is not None:
-        check_output(args.output, args.format)  # before a report that may take a while
     with reader(db_path(args)) as db:
         run_id = choose_run(db, args.run)
         _check_kind(run_info(db, run_id).kind, run_id, args.format)
@@ -89,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             print()
             return 0
         out = args.output or default_output(run_id, args.format)
-        check_output(out, args.format)
+        check_output(out, args.format)  # before a report that may take a while
         try:
             if args.format == "mooncake":
                 from app.report.mooncake import write_mooncake

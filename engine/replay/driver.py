@@ -135,6 +135,11 @@ class ReplayConfig:
         if self.timing == "roofline":
             device_preset(self.device)
 
+    def admits(self, entry: TraceEntry) -> bool:
+        """Whether ``entry`` fits the context (prompt + at least one output token, as vLLM
+        checks prompt + max_tokens): a request beyond it is refused at arrival."""
+        return self.max_model_len is None or request_tokens(entry) <= self.max_model_len
+
     @property
     def bytes_per_token(self) -> float:
         m = model_preset(self.model)
@@ -193,7 +198,7 @@ class ReplayResult:
         return out
 
 
-def _tokens(entry: TraceEntry) -> int:
+def request_tokens(entry: TraceEntry) -> int:
     """What a request holds at its end: its prompt and at least one output token."""
     return entry.input_len + max(1, entry.output_len)
 
@@ -225,7 +230,7 @@ class ReplayDriver:
         entries = trace.entries
         # Size the pool for the requests that can be admitted: one the context refuses
         # must not make every other point allocate (and sequential timing hold) its pages.
-        pages = [-(-n // ps) for n in map(_tokens, entries) if self._fits_context(n)]
+        pages = [-(-request_tokens(e) // ps) for e in entries if cfg.admits(e)]
         longest = max(pages, default=1)
         # More pages than the whole trace needs change nothing: a larger capacity is
         # "unlimited" (and must not allocate a pool of that size).
@@ -292,15 +297,12 @@ class ReplayDriver:
 
     # --- requests ----------------------------------------------------------------------
 
-    def _fits_context(self, tokens: int) -> bool:
-        limit = self.config.max_model_len
-        return limit is None or tokens <= limit
-
-    def _refusal(self, tokens: int) -> tuple[str, str] | None:
-        """Why a request of ``tokens`` (prompt + output) can never run here, as (reason,
-        message), or None: checked at arrival, as vLLM checks, so it is never scheduled."""
+    def _refusal(self, entry: TraceEntry) -> tuple[str, str] | None:
+        """Why ``entry`` can never run here, as (reason, message), or None: checked at
+        arrival, as vLLM checks, so it is never scheduled."""
+        tokens = request_tokens(entry)
         need = -(-tokens // self.config.page_size)
-        if not self._fits_context(tokens):
+        if not self.config.admits(entry):
             return "context", (
                 f"{tokens:,} tokens (prompt + output) are longer than the model's context "
                 f"of {self.config.max_model_len:,} tokens"
@@ -332,7 +334,7 @@ class ReplayDriver:
         e = self.trace.entries[index]
         out = max(1, e.output_len)
         ts = now_ns()
-        refusal = self._refusal(e.input_len + out)
+        refusal = self._refusal(e)
         if refusal is not None:
             self._refuse(index, refusal, e.input_len + out, ts)
             return None
