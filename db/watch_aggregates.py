@@ -56,6 +56,7 @@ from operator import sub
 
 import numpy as np
 
+from db.hashmap import HashMap, ObjectMap
 from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_RESET, OP_STORED, table_columns
 
 BUCKET_WIDTHS_S = (1, 60, 3600)
@@ -177,10 +178,13 @@ class _Shelf:
     __slots__ = ("born", "last", "more", "copies")
 
     def __init__(self) -> None:
-        self.born: dict[int, int] = {}  # hash -> stored at (ns)
-        self.last: dict[int, int] = {}  # hash -> stored again at (ns), when it was
-        self.more: dict[int, int] = {}  # hash -> physical copies beyond the first
+        self.born = HashMap()  # hash -> stored at (ns)
+        self.last = HashMap()  # hash -> stored again at (ns), when it was
+        self.more = HashMap()  # hash -> physical copies beyond the first
         self.copies = 0  # physical copies on the shelf
+
+
+_NOTHING_HELD = HashMap()  # all_held() of a source with no shelf yet (never written)
 
 
 class _Source:
@@ -196,10 +200,10 @@ class _Source:
         self.shelves: dict[tuple[str, int], _Shelf] = {}  # (medium, group) -> shelf
         # hash -> shelves holding it; kept only once a source has two shelves (an
         # offload tier, hybrid groups): with one, held there is held on the source.
-        self.on_source: dict[int, int] | None = None
+        self.on_source: HashMap | None = None
         # hash -> removed at (ns), while the removal is among the fleet's remembered ones
         # (FleetState._ring says which are oldest; this dict's order means nothing)
-        self.evicted: dict[int, int] = {}
+        self.evicted = HashMap()
         self.forgotten = 0  # removals let go of under EVICTED_MEMORY, never re-stored by then
         self.counts = [0] * len(STAT_COLUMNS)  # STAT_COLUMNS order; lifetime_sum_s in s
         self.counts[_LIFE_SUM] = 0.0
@@ -216,7 +220,8 @@ class _Source:
         if shelf is None:
             if len(self.shelves) == 1 and self.on_source is None:
                 (only,) = self.shelves.values()
-                self.on_source = dict.fromkeys(only.born, 1)
+                self.on_source = HashMap()
+                self.on_source.put_all(only.born.keys(), 1)
             shelf = self.shelves[key] = _Shelf()
         return shelf
 
@@ -226,10 +231,10 @@ class _Source:
             return len(shelf.born) if m == medium else 0
         return sum(len(s.born) for (m, _), s in self.shelves.items() if m == medium)
 
-    def all_held(self) -> dict[int, int]:
+    def all_held(self) -> HashMap:
         if self.on_source is not None:
             return self.on_source
-        return next(iter(self.shelves.values())).born if self.shelves else {}
+        return next(iter(self.shelves.values())).born if self.shelves else _NOTHING_HELD
 
 
 class _Chain:
@@ -252,7 +257,7 @@ class _Chain:
         self.owned = False
 
 
-def _unchain(nodes: dict[int, list | _Chain], chain: _Chain, block: int) -> list:
+def _unchain(nodes: ObjectMap, chain: _Chain, block: int) -> list:
     """Make ``chain``'s nodes, as they would have been made at once; returns ``block``'s."""
     hashes = chain.hashes
     n = len(hashes)
@@ -268,7 +273,7 @@ def _unchain(nodes: dict[int, list | _Chain], chain: _Chain, block: int) -> list
     return nodes[block]
 
 
-def _parent_node(nodes: dict[int, list | _Chain], parent: int) -> list | None:
+def _parent_node(nodes: ObjectMap, parent: int) -> list | None:
     node = nodes.get(parent)
     if node.__class__ is _Chain:
         node = _unchain(nodes, node, parent)
@@ -309,7 +314,7 @@ class _Tree:
         # root)], or the _Chain it is part of. The parent's node spares a walk up the
         # tree (every block stored adds to its ancestors' subtree sizes) a dict lookup
         # a step: a multi-turn session's chain is hundreds of blocks deep.
-        self.nodes: dict[int, list | _Chain] = {}
+        self.nodes = ObjectMap()
         # hash -> sources holding it now (bits), never 0: of hashes >= 2 sources stored
         self.held: dict[int, int] = {}
         self.by_bit: dict[int, _Source] = {}  # the tree's sources, by their bit
@@ -557,38 +562,32 @@ class FleetState:
         # New content (a prompt's prefill): blocks the prefix tree has never seen, so
         # neither this shelf nor any source holds one (a block held anywhere is in the
         # tree: it forgets only blocks held nowhere): one look in the tree, none there.
-        if src.on_source is None and tree.nodes.keys().isdisjoint(hashes):
-            before = len(born)
-            born.update(zip(hashes, repeat(ts_ns)))
-            if len(born) - before == n:
+        if src.on_source is None and tree.nodes.isdisjoint(hashes):
+            if born.put_all(hashes, ts_ns) == n:
                 shelf.copies += n
                 recomputed = 0
                 evicted = src.evicted
-                if evicted and not evicted.keys().isdisjoint(hashes):  # removed, then pruned
-                    restore = src.hist["restore_gap"]
-                    for h in evicted.keys() & hashes:
-                        restore.append(ts_ns - evicted.pop(h))
-                        recomputed += 1
+                if evicted and not evicted.isdisjoint(hashes):  # removed, then pruned
+                    back = evicted.pop_held(hashes)
+                    src.hist["restore_gap"] += map(sub, repeat(ts_ns), back)
+                    recomputed = len(back)
                 run[0] += n
                 run[2] += recomputed
                 run[4] += n
                 self._new_chain(tree, hashes, parent, bit)
                 return
-            for h in hashes:  # a hash twice in the event: undone, and taken block by block
-                born.pop(h, None)
+            born.pop_all(hashes)  # a hash twice in the event: undone, and taken block by block
         # The usual event: blocks no shelf of a one-shelf source holds, none twice in
         # the event. Its cache, evicted memory and holders are updated in C, a call
         # per event rather than a few per block.
-        elif src.on_source is None and (not born or born.keys().isdisjoint(hashes)):
-            before = len(born)
-            born.update(zip(hashes, repeat(ts_ns)))
-            if len(born) - before == n:
+        elif src.on_source is None and (not born or born.isdisjoint(hashes)):
+            if born.put_all(hashes, ts_ns) == n:
                 shelf.copies += n
                 evicted = src.evicted
                 back = None
                 recomputed = routing = both = 0
-                if evicted and not evicted.keys().isdisjoint(hashes):
-                    back = evicted.keys() & hashes
+                if evicted and not evicted.isdisjoint(hashes):
+                    back = {h for h in hashes if h in evicted}
                     if back:
                         restore = src.hist["restore_gap"]
                         for h in back:
@@ -603,8 +602,7 @@ class FleetState:
                 run[4] += n
                 run[5] += both
                 return
-            for h in hashes:  # a hash twice in the event: undone, and taken block by block
-                born.pop(h, None)
+            born.pop_all(hashes)  # a hash twice in the event: undone, and taken block by block
         self._store_blocks(src, shelf, ts_ns, hashes, run)
         self._grow(tree, hashes, parent, bit)
 
@@ -663,7 +661,7 @@ class FleetState:
         them in ``back``)."""
         nodes = tree.nodes
         n = len(hashes)
-        if nodes.keys().isdisjoint(hashes) and (distinct or len(set(hashes)) == n):
+        if nodes.isdisjoint(hashes) and (distinct or len(set(hashes)) == n):
             self._new_chain(tree, hashes, parent, bit)
             return 0, 0
         chain = []
@@ -711,7 +709,7 @@ class FleetState:
         depth = 0 if above is None else above[1]
         if depth + n > tree.max_depth:
             tree.max_depth = depth + n
-        tree.nodes.update(zip(hashes, repeat(_Chain(parent, depth, hashes, bit))))
+        tree.nodes.put_all(hashes, _Chain(parent, depth, hashes, bit))
         if above is not None:
             self._above(tree, parent, n, above)
         else:  # a root: nothing above to count it in
@@ -732,7 +730,7 @@ class FleetState:
         depth = chain.depth + len(chain.hashes)
         if depth > tree.max_depth:
             tree.max_depth = depth
-        nodes.update(zip(hashes, repeat(chain)))
+        nodes.put_all(hashes, chain)
         self._above(tree, chain.parent, len(hashes))
         return True
 
@@ -811,12 +809,12 @@ class FleetState:
         # The usual event: one copy of each, held on a one-shelf source: in C. Popped
         # without a look first: a hash not held (or twice in the event) pops None, and
         # what was popped is put back for the block-by-block path.
-        if src.on_source is None and (not shelf.more or shelf.more.keys().isdisjoint(hashes)):
-            births = list(map(born.pop, hashes, repeat(None)))
+        if src.on_source is None and (not shelf.more or shelf.more.isdisjoint(hashes)):
+            births = born.pop_all(hashes)
             if None not in births:
                 shelf.copies -= n
                 last = shelf.last
-                if last and not last.keys().isdisjoint(hashes):
+                if last and not last.isdisjoint(hashes):
                     hist = src.hist
                     hist["lifetime"] += map(sub, repeat(ts_ns, n), births)
                     hist["idle_before_evict"] += [
@@ -827,7 +825,7 @@ class FleetState:
                     src.spans.append((ts_ns, births))
                 counts[_LIFE_COUNT] += n
                 counts[_LIFE_SUM] += (n * ts_ns - sum(births)) / 1e9
-                src.evicted.update(zip(hashes, repeat(ts_ns)))
+                src.evicted.put_all(hashes, ts_ns)
                 self._ring.append((src, ts_ns, hashes, False))  # the event's list, kept
                 self._remembered += n
                 if self._remembered > EVICTED_MEMORY:
@@ -845,7 +843,7 @@ class FleetState:
                                 tree.duplicated -= 1
                 return
             # a hash not held, or twice in the event: put back, and taken block by block
-            born.update((h, b) for h, b in zip(hashes, births, strict=True) if b is not None)
+            born.put_back(hashes, births)
         self._remove_blocks(src, shelf, ts_ns, hashes)
 
     def _remove_blocks(self, src: _Source, shelf: _Shelf, ts_ns: int,
@@ -928,7 +926,7 @@ class FleetState:
             # Popped without a look first, one dict operation a hash (a hash removed twice
             # in one event is in the entry twice: its second pop finds None); what was
             # popped that is not this removal's (stale here: removed again since) goes back.
-            popped = list(map(evicted.pop, hashes, repeat(None)))
+            popped = evicted.pop_all(hashes)
             mine = popped.count(ts_ns)
             src.forgotten += mine
             if mine + popped.count(None) != n:
@@ -1117,7 +1115,7 @@ def _prune(tree: _Tree, count: int) -> None:
                 continue  # a chain is taken at its first block, whole
             # one source stored it (another's store of a block would have made its nodes)
             src = by_bit.get(node.bits)
-            if src is not None and not src.all_held().keys().isdisjoint(hashes):
+            if src is not None and not src.all_held().isdisjoint(hashes):
                 continue
             chains.append(node)
             taken += len(hashes)

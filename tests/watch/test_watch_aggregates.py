@@ -15,6 +15,7 @@ from watch_helpers import S, new_watch_run
 
 from app.dashboard import watch_page
 from app.tui.watch_view import WatchView, misses_text
+from db import hashmap
 from db import watch_aggregates as agg
 from db import watch_queries as q
 from db.store import open_db
@@ -194,14 +195,21 @@ def _random_fleet(seed: int, n: int = 3000) -> list[tuple]:
     return rows
 
 
+@pytest.mark.parametrize("maps", ["compiled", "dicts"])
 @pytest.mark.parametrize("fleet", ["_random_fleet", "_usual_fleet"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_aggregates_equal_the_definitions_on_a_random_fleet(
-    tmp_path: Path, fleet: str, seed: int
+    tmp_path: Path, fleet: str, seed: int, maps: str, monkeypatch
 ) -> None:
     """Two random fleets: any event on few hashes and two media (the fold's block-by-block
     paths), and GPU-only fresh chains, some stored again or on another source (its
-    whole-event paths)."""
+    whole-event paths). Folded with db.hashmap's compiled maps and with its dict
+    fallback (an install without a C compiler): both the definitions."""
+    if maps == "dicts":
+        monkeypatch.setattr(agg, "HashMap", hashmap.DictHashMap)
+        monkeypatch.setattr(agg, "ObjectMap", hashmap.DictObjectMap)
+    elif not hashmap.COMPILED:
+        pytest.skip("db._hashmap not built")
     rows = globals()[fleet](seed)
     db, writer, run_id = _run(tmp_path / "w.db", sources=4)
     for start in range(0, len(rows), 700):
