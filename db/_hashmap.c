@@ -837,16 +837,18 @@ static PyTypeObject HashMapType = {
  * The prefix tree's nodes (db.watch_aggregates._Tree.nodes): every block ever stored,
  * up to 2M, whose oldest leaves are forgotten first, so its order is insertion order,
  * as a dict's. Laid out as CPython's compact dict is, an index of slots over a dense
- * array of entries, but with the key inline in both (one miss to learn a key is
- * absent, the usual question: a prefill's blocks are new) and a whole event's index
- * slots prefetched at once. Deleted entries leave a hole, closed by compacting
- * once holes outnumber the living.
+ * array of entries, keys inline in the entries and half of each key's hash in its
+ * index slot (one miss to learn a key is absent, the usual question: a prefill's
+ * blocks are new), a whole event's index slots prefetched at once. Deleted entries
+ * leave a hole, dropped when the entries are next compacted or grown.
  */
 
 typedef struct {
-    int64_t key;
-    int64_t at; /* entry index, -1: empty */
+    uint32_t tag; /* the key's hash, high half: a different key is told apart here */
+    uint32_t at;  /* entry index, NO_ENTRY: empty */
 } IndexSlot;
+
+#define NO_ENTRY UINT32_MAX
 
 typedef struct {
     int64_t key;
@@ -861,7 +863,7 @@ typedef struct {
     Py_ssize_t n_entries; /* used, holes included */
     Py_ssize_t cap_entries;
     Py_ssize_t live;
-    uint64_t layout; /* changes when entries move (compaction, growth): iterators check it */
+    uint64_t layout; /* changes when entries move (compaction): iterators check it */
     PyObject *other; /* dict of keys that are not int64, or NULL */
 } ObjectMap;
 
@@ -873,18 +875,20 @@ static IndexSlot *new_index(uint64_t capacity)
     if (!ix)
         return NULL;
     for (uint64_t j = 0; j < capacity; j++)
-        ix[j].at = -1;
+        ix[j].at = NO_ENTRY;
     return ix;
 }
 
 static inline IndexSlot *om_find(ObjectMap *m, int64_t key)
 {
-    uint64_t i = mix((uint64_t)key) & m->mask;
+    uint64_t h = mix((uint64_t)key);
+    uint32_t tag = (uint32_t)(h >> 32);
+    uint64_t i = h & m->mask;
     for (;;) {
         IndexSlot *s = &m->index[i];
-        if (s->at < 0)
+        if (s->at == NO_ENTRY)
             return NULL;
-        if (s->key == key)
+        if (s->tag == tag && m->entries[s->at].key == key)
             return s;
         i = (i + 1) & m->mask;
     }
@@ -903,6 +907,7 @@ static int om_rebuild(ObjectMap *m, Py_ssize_t cap_entries, uint64_t capacity)
     for (Py_ssize_t j = 0; j < m->n_entries; j++)
         if (m->entries[j].value)
             m->entries[k++] = m->entries[j];
+    m->n_entries = k;
     if (cap_entries != m->cap_entries) {
         Entry *e = PyMem_Realloc(m->entries, (size_t)cap_entries * sizeof(Entry));
         if (!e) {
@@ -913,34 +918,48 @@ static int om_rebuild(ObjectMap *m, Py_ssize_t cap_entries, uint64_t capacity)
         m->entries = e;
         m->cap_entries = cap_entries;
     }
-    m->n_entries = k;
     PyMem_Free(m->index);
     m->index = ix;
     m->mask = capacity - 1;
     for (Py_ssize_t j = 0; j < k; j++) {
-        uint64_t i = mix((uint64_t)m->entries[j].key) & m->mask;
-        while (ix[i].at >= 0)
+        uint64_t h = mix((uint64_t)m->entries[j].key);
+        uint64_t i = h & m->mask;
+        while (ix[i].at != NO_ENTRY)
             i = (i + 1) & m->mask;
-        ix[i].key = m->entries[j].key;
-        ix[i].at = j;
+        ix[i].tag = (uint32_t)(h >> 32);
+        ix[i].at = (uint32_t)j;
     }
     m->layout++;
     return 0;
 }
 
-/* Room for n more entries, the index at a load of at most 2/3. */
+/* Room for n more keys: the index at a load of at most 3/4 (8 bytes a slot, so
+ * 11-21 bytes a key), the entries grown by half when the living fill three
+ * quarters of them, else compacted (16-24 bytes a key, and the holes). */
 static int om_reserve(ObjectMap *m, Py_ssize_t n)
 {
-    if (m->n_entries + n <= m->cap_entries)
-        return 0;
     Py_ssize_t want = m->live + n;
-    Py_ssize_t cap = m->cap_entries;
-    if (want * 2 > cap) /* mostly living: grow; else compacting makes room */
-        while (want * 2 > cap)
-            cap *= 2;
     uint64_t icap = m->mask + 1;
-    while ((uint64_t)cap * 3 > icap * 2)
+    int rebuild = 0;
+    while ((uint64_t)want * 4 > icap * 3) {
         icap *= 2;
+        rebuild = 1;
+    }
+    Py_ssize_t cap = m->cap_entries;
+    if (m->n_entries + n > cap) {
+        rebuild = 1; /* compacting drops the holes */
+        if (want > cap - cap / 4) {
+            cap += cap / 2;
+            if (cap < want + 8)
+                cap = want + 8;
+        }
+    }
+    if (!rebuild)
+        return 0;
+    if (cap >= (Py_ssize_t)NO_ENTRY) {
+        PyErr_SetString(PyExc_OverflowError, "an ObjectMap holds fewer than 2^32 - 1 keys");
+        return -1;
+    }
     return om_rebuild(m, cap, icap);
 }
 
@@ -948,19 +967,21 @@ static int om_reserve(ObjectMap *m, Py_ssize_t n)
  * Returns 1 if the key is new. *old receives a replaced value to release. */
 static inline int om_put(ObjectMap *m, int64_t key, PyObject *value, PyObject **old)
 {
-    uint64_t i = mix((uint64_t)key) & m->mask;
+    uint64_t h = mix((uint64_t)key);
+    uint32_t tag = (uint32_t)(h >> 32);
+    uint64_t i = h & m->mask;
     for (;;) {
         IndexSlot *s = &m->index[i];
-        if (s->at < 0) {
+        if (s->at == NO_ENTRY) {
             Py_ssize_t at = m->n_entries++;
             m->entries[at].key = key;
             m->entries[at].value = value;
-            s->key = key;
-            s->at = at;
+            s->tag = tag;
+            s->at = (uint32_t)at;
             m->live++;
             return 1;
         }
-        if (s->key == key) {
+        if (s->tag == tag && m->entries[s->at].key == key) {
             *old = m->entries[s->at].value;
             m->entries[s->at].value = value;
             return 0;
@@ -984,15 +1005,15 @@ static PyObject *om_take(ObjectMap *m, int64_t key)
     for (;;) {
         j = (j + 1) & m->mask;
         IndexSlot *t = &m->index[j];
-        if (t->at < 0)
+        if (t->at == NO_ENTRY)
             break;
-        uint64_t home = mix((uint64_t)t->key) & m->mask;
+        uint64_t home = mix((uint64_t)m->entries[t->at].key) & m->mask;
         if (((j - home) & m->mask) >= ((j - hole) & m->mask)) {
             m->index[hole] = *t;
             hole = j;
         }
     }
-    m->index[hole].at = -1;
+    m->index[hole].at = NO_ENTRY;
     if (m->n_entries == m->live + 1 && m->n_entries - 1 == (Py_ssize_t)(e - m->entries))
         m->n_entries--; /* the newest entry: no hole left */
     return value;
