@@ -934,8 +934,10 @@ static int om_rebuild(ObjectMap *m, Py_ssize_t cap_entries, uint64_t capacity)
 }
 
 /* Room for n more keys: the index at a load of at most 3/4 (8 bytes a slot, so
- * 11-21 bytes a key), the entries grown by half when the living fill three
- * quarters of them, else compacted (16-24 bytes a key, and the holes). */
+ * 11-21 bytes a key), rebuilt when it doubles; the entries (16 bytes a key, and the
+ * holes) grown by half in place when full, compacted instead when a quarter of
+ * them are holes. Growing the entries moves no index: a rebuild is a random write
+ * a key, and 2M keys made one at every growth had been most of put_all's time. */
 static int om_reserve(ObjectMap *m, Py_ssize_t n)
 {
     Py_ssize_t want = m->live + n;
@@ -947,20 +949,27 @@ static int om_reserve(ObjectMap *m, Py_ssize_t n)
     }
     Py_ssize_t cap = m->cap_entries;
     if (m->n_entries + n > cap) {
-        rebuild = 1; /* compacting drops the holes */
-        if (want > cap - cap / 4) {
+        if (m->n_entries - m->live >= cap / 4 && want <= cap - cap / 4) {
+            rebuild = 1; /* compacting makes the room */
+        } else {
             cap += cap / 2;
-            if (cap < want + 8)
-                cap = want + 8;
+            if (cap < m->n_entries + n + 8)
+                cap = m->n_entries + n + 8;
+            if (cap >= (Py_ssize_t)NO_ENTRY) {
+                PyErr_SetString(PyExc_OverflowError,
+                                "an ObjectMap holds fewer than 2^32 - 1 entries");
+                return -1;
+            }
+            Entry *e = PyMem_Realloc(m->entries, (size_t)cap * sizeof(Entry));
+            if (!e) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            m->entries = e;
+            m->cap_entries = cap;
         }
     }
-    if (!rebuild)
-        return 0;
-    if (cap >= (Py_ssize_t)NO_ENTRY) {
-        PyErr_SetString(PyExc_OverflowError, "an ObjectMap holds fewer than 2^32 - 1 keys");
-        return -1;
-    }
-    return om_rebuild(m, cap, icap);
+    return rebuild ? om_rebuild(m, m->cap_entries, icap) : 0;
 }
 
 /* Insert or replace (the value's reference is taken); room must be reserved.

@@ -154,6 +154,22 @@ def test_object_map_of_many_keys_keeps_order_through_churn_and_compaction() -> N
 
 
 @needs_compiled
+def test_object_map_under_fifo_churn_compacts_and_keeps_order() -> None:
+    """A pruned tree's pattern: new keys appended, the oldest deleted, so the entries
+    fill with holes and are compacted again and again; nothing found moves or is lost."""
+    fast, ref = hashmap.ObjectMap(), DictObjectMap()
+    for m in (fast, ref):
+        m.put_all(range(1000), "old")
+        for i in range(1000, 60_000):
+            m[i] = i
+            m.pop(i - 1000 + (i % 7 == 0) * 500, None)  # mostly the oldest, some younger
+    assert len(fast) == len(ref) and list(fast.items()) == list(ref.items())
+    # bounded by the living (11-21 B of index, at most 32 B of entries a key), not by
+    # the 60k ever put
+    assert sys.getsizeof(fast) <= 56 * len(fast) + 4096
+
+
+@needs_compiled
 def test_object_map_iteration_refuses_a_map_moved_under_it() -> None:
     m = hashmap.ObjectMap()
     m.put_all(range(8), None)
