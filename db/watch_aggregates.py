@@ -63,9 +63,9 @@ BUCKET_WIDTHS_S = (1, 60, 3600)
 # Removals the fleet remembers, all sources together, to recognise a hash stored again
 # on the source that removed it (recomputation after eviction): the newest this many,
 # the oldest forgotten first. A fleet budget, not one per source: 1M per source had let
-# 64 sources hold 64M (~10 GB). 110-140 bytes each (tracemalloc, once), the hash included (a plain dict
-# entry as dicts size themselves under churn, a share of the ring: an entry per removal
-# event or batch): 220-280 MB at the bound. At 570 removals/s (8 busy ranks: issue
+# 64 sources hold 64M (~10 GB). About 55 bytes each (db/hashmap.py's HashMap slot, 26 B,
+# and a share of the ring, whose lists keep the hashes' ints; 110-140 B in dicts, docs/
+# watch.md): about 110 MB at the bound. At 570 removals/s (8 busy ranks: issue
 # 23's 4M-event hour) that is the last hour.
 EVICTED_MEMORY = 2_000_000
 TOP_PREFIXES = 20
