@@ -79,6 +79,105 @@ static int as_value(PyObject *o, int64_t *out)
     return 0;
 }
 
+/* ---- shared by both maps: the side dict of other keys, get/pop's arguments, == ---- */
+
+/* other[key], borrowed, or NULL (an error set only on a real error). */
+static inline PyObject *side_get(PyObject *other, PyObject *key)
+{
+    return other ? PyDict_GetItemWithError(other, key) : NULL;
+}
+
+/* other.pop(key): a new reference, or NULL (an error set only on a real error). */
+static PyObject *side_pop(PyObject *other, PyObject *key)
+{
+    PyObject *o = side_get(other, key);
+    if (!o)
+        return NULL;
+    Py_INCREF(o);
+    if (PyDict_DelItem(other, key) < 0) {
+        Py_DECREF(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* (*other)[key] = value, the dict made on first use: 1 if the key was new, 0 if not,
+ * -1 on error. */
+static int side_put(PyObject **other, PyObject *key, PyObject *value)
+{
+    if (!*other && !(*other = PyDict_New()))
+        return -1;
+    Py_ssize_t before = PyDict_GET_SIZE(*other);
+    if (PyDict_SetItem(*other, key, value) < 0)
+        return -1;
+    return PyDict_GET_SIZE(*other) > before;
+}
+
+/* key in other: 1, 0, or -1 on error. */
+static inline int side_has(PyObject *other, PyObject *key)
+{
+    return other ? PyDict_Contains(other, key) : 0;
+}
+
+static inline Py_ssize_t side_len(PyObject *other)
+{
+    return other ? PyDict_GET_SIZE(other) : 0;
+}
+
+/* del other[key]: 0, or -1 with KeyError (or a real error) set. */
+static int side_del(PyObject *other, PyObject *key)
+{
+    if (other)
+        return PyDict_DelItem(other, key);
+    PyErr_SetObject(PyExc_KeyError, key);
+    return -1;
+}
+
+/* get(key[, default]) and pop(key[, default]) take one or two arguments. */
+static int key_and_default(Py_ssize_t nargs, const char *usage)
+{
+    if (nargs >= 1 && nargs <= 2)
+        return 0;
+    PyErr_SetString(PyExc_TypeError, usage);
+    return -1;
+}
+
+/* What get/pop answer for a key not held (no error set): the default if given;
+ * otherwise None (get) or KeyError (pop, must_hold). */
+static PyObject *not_held(PyObject *const *args, Py_ssize_t nargs, int must_hold)
+{
+    if (nargs == 2 || !must_hold) {
+        PyObject *d = nargs == 2 ? args[1] : Py_None;
+        Py_INCREF(d);
+        return d;
+    }
+    PyErr_SetObject(PyExc_KeyError, args[0]);
+    return NULL;
+}
+
+/* == and != as dicts of the same pairs would compare (tests, mostly); as_dict makes
+ * a new dict of a map of self's type. */
+static PyObject *compare_as_dicts(PyObject *self, PyObject *other, int op,
+                                  PyObject *(*as_dict)(PyObject *))
+{
+    if (op != Py_EQ && op != Py_NE)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *mine = as_dict(self);
+    if (!mine)
+        return NULL;
+    PyObject *theirs = Py_TYPE(other) == Py_TYPE(self) ? as_dict(other) : (Py_INCREF(other), other);
+    if (!theirs) {
+        Py_DECREF(mine);
+        return NULL;
+    }
+    PyObject *out = PyObject_RichCompare(mine, theirs, op);
+    Py_DECREF(mine);
+    Py_DECREF(theirs);
+    return out;
+}
+
+/* ---- HashMap: the table ---------------------------------------------------------- */
+
 static inline Slot *find(HashMap *m, int64_t key)
 {
     uint64_t i = mix((uint64_t)key) & m->mask;
@@ -201,13 +300,6 @@ static inline int holds(HashMap *m, int64_t key, int64_t *value)
     return s != NULL;
 }
 
-static PyObject *other_dict(HashMap *m)
-{
-    if (!m->other)
-        m->other = PyDict_New();
-    return m->other;
-}
-
 /* ---- the type ---------------------------------------------------------------- */
 
 static PyObject *HashMap_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -266,7 +358,7 @@ static void HashMap_dealloc(HashMap *m)
 
 static Py_ssize_t HashMap_len(HashMap *m)
 {
-    return m->used + m->has_zero + (m->other ? PyDict_GET_SIZE(m->other) : 0);
+    return m->used + m->has_zero + side_len(m->other);
 }
 
 static int HashMap_contains(HashMap *m, PyObject *key)
@@ -277,7 +369,7 @@ static int HashMap_contains(HashMap *m, PyObject *key)
         return -1;
     if (r)
         return holds(m, k, NULL);
-    return m->other ? PyDict_Contains(m->other, key) : 0;
+    return side_has(m->other, key);
 }
 
 static PyObject *HashMap_subscript(HashMap *m, PyObject *key)
@@ -289,8 +381,8 @@ static PyObject *HashMap_subscript(HashMap *m, PyObject *key)
     if (r) {
         if (holds(m, k, &v))
             return PyLong_FromLongLong(v);
-    } else if (m->other) {
-        PyObject *o = PyDict_GetItemWithError(m->other, key);
+    } else {
+        PyObject *o = side_get(m->other, key);
         if (o) {
             Py_INCREF(o);
             return o;
@@ -309,21 +401,17 @@ static int HashMap_ass_subscript(HashMap *m, PyObject *key, PyObject *value)
     if (r < 0)
         return -1;
     if (!value) { /* del m[key] */
-        if (r) {
-            if (take(m, k, &v))
-                return 0;
-        } else if (m->other) {
-            return PyDict_DelItem(m->other, key);
-        }
+        if (!r)
+            return side_del(m->other, key);
+        if (take(m, k, &v))
+            return 0;
         PyErr_SetObject(PyExc_KeyError, key);
         return -1;
     }
     if (as_value(value, &v) < 0)
         return -1;
-    if (!r) {
-        PyObject *d = other_dict(m);
-        return d ? PyDict_SetItem(d, key, value) : -1;
-    }
+    if (!r)
+        return side_put(&m->other, key, value) < 0 ? -1 : 0;
     if (reserve(m, 1) < 0)
         return -1;
     put(m, k, v);
@@ -332,10 +420,8 @@ static int HashMap_ass_subscript(HashMap *m, PyObject *key, PyObject *value)
 
 static PyObject *HashMap_get(HashMap *m, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "get(key[, default])");
+    if (key_and_default(nargs, "get(key[, default])") < 0)
         return NULL;
-    }
     int64_t k, v;
     int r = as_key(args[0], &k);
     if (r < 0)
@@ -343,8 +429,8 @@ static PyObject *HashMap_get(HashMap *m, PyObject *const *args, Py_ssize_t nargs
     if (r) {
         if (holds(m, k, &v))
             return PyLong_FromLongLong(v);
-    } else if (m->other) {
-        PyObject *o = PyDict_GetItemWithError(m->other, args[0]);
+    } else {
+        PyObject *o = side_get(m->other, args[0]);
         if (o) {
             Py_INCREF(o);
             return o;
@@ -352,17 +438,13 @@ static PyObject *HashMap_get(HashMap *m, PyObject *const *args, Py_ssize_t nargs
         if (PyErr_Occurred())
             return NULL;
     }
-    PyObject *d = nargs == 2 ? args[1] : Py_None;
-    Py_INCREF(d);
-    return d;
+    return not_held(args, nargs, 0);
 }
 
 static PyObject *HashMap_pop(HashMap *m, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "pop(key[, default])");
+    if (key_and_default(nargs, "pop(key[, default])") < 0)
         return NULL;
-    }
     int64_t k, v;
     int r = as_key(args[0], &k);
     if (r < 0)
@@ -370,25 +452,12 @@ static PyObject *HashMap_pop(HashMap *m, PyObject *const *args, Py_ssize_t nargs
     if (r) {
         if (take(m, k, &v))
             return PyLong_FromLongLong(v);
-    } else if (m->other) {
-        PyObject *o = PyDict_GetItemWithError(m->other, args[0]);
-        if (o) {
-            Py_INCREF(o);
-            if (PyDict_DelItem(m->other, args[0]) < 0) {
-                Py_DECREF(o);
-                return NULL;
-            }
+    } else {
+        PyObject *o = side_pop(m->other, args[0]);
+        if (o || PyErr_Occurred())
             return o;
-        }
-        if (PyErr_Occurred())
-            return NULL;
     }
-    if (nargs == 2) {
-        Py_INCREF(args[1]);
-        return args[1];
-    }
-    PyErr_SetObject(PyExc_KeyError, args[0]);
-    return NULL;
+    return not_held(args, nargs, 1);
 }
 
 /* The keys of a list or tuple (or any iterable, made a list): a new reference. */
@@ -429,7 +498,7 @@ static PyObject *HashMap_isdisjoint(HashMap *m, PyObject *keys)
             if (ok[j]) {
                 hit = holds(m, ks[j], NULL);
             } else {
-                hit = m->other ? PyDict_Contains(m->other, items[base + j]) : 0;
+                hit = side_has(m->other, items[base + j]);
                 if (hit < 0)
                     goto fail;
             }
@@ -480,13 +549,10 @@ static PyObject *HashMap_put_all(HashMap *m, PyObject *const *args, Py_ssize_t n
             if (ok[j]) {
                 fresh += put(m, ks[j], v);
             } else {
-                PyObject *d = other_dict(m);
-                if (!d)
+                int added = side_put(&m->other, items[base + j], args[1]);
+                if (added < 0)
                     goto fail;
-                Py_ssize_t before = PyDict_GET_SIZE(d);
-                if (PyDict_SetItem(d, items[base + j], args[1]) < 0)
-                    goto fail;
-                fresh += PyDict_GET_SIZE(d) - before;
+                fresh += added;
             }
         }
     }
@@ -526,8 +592,9 @@ static PyObject *HashMap_pop_all(HashMap *m, PyObject *keys)
             if (ok[j]) {
                 o = take(m, ks[j], &v) ? PyLong_FromLongLong(v) : (Py_INCREF(Py_None), Py_None);
             } else {
-                PyObject *a[2] = {items[base + j], Py_None};
-                o = HashMap_pop(m, a, 2);
+                o = side_pop(m->other, items[base + j]);
+                if (!o && !PyErr_Occurred())
+                    o = (Py_INCREF(Py_None), Py_None);
             }
             if (!o)
                 goto fail;
@@ -563,13 +630,8 @@ static PyObject *HashMap_pop_held(HashMap *m, PyObject *keys)
         if (r) {
             if (take(m, k, &v) && !(o = PyLong_FromLongLong(v)))
                 goto fail;
-        } else if (m->other) {
-            PyObject *a[2] = {items[j], Py_None};
-            o = HashMap_pop(m, a, 2);
-            if (!o)
-                goto fail;
-            if (o == Py_None)
-                Py_CLEAR(o);
+        } else if (!(o = side_pop(m->other, items[j])) && PyErr_Occurred()) {
+            goto fail;
         }
         if (o) {
             int e = PyList_Append(out, o);
@@ -681,21 +743,20 @@ static PyObject *listing(HashMap *m, int what)
     return out;
 }
 
-/* the map's pairs into the dict d (for comparisons) */
-static PyObject *HashMap_update_from_into(PyObject *d, HashMap *m)
+/* a new dict of the map's pairs (for comparisons) */
+static PyObject *HashMap_as_dict(PyObject *self)
 {
-    PyObject *items = listing(m, 2);
+    PyObject *items = listing((HashMap *)self, 2);
     if (!items)
         return NULL;
-    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(items); j++) {
+    PyObject *d = PyDict_New();
+    for (Py_ssize_t j = 0; d && j < PyList_GET_SIZE(items); j++) {
         PyObject *pair = PyList_GET_ITEM(items, j);
-        if (PyDict_SetItem(d, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1)) < 0) {
-            Py_DECREF(items);
-            return NULL;
-        }
+        if (PyDict_SetItem(d, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1)) < 0)
+            Py_CLEAR(d);
     }
     Py_DECREF(items);
-    Py_RETURN_NONE;
+    return d;
 }
 
 static PyObject *HashMap_keys(HashMap *m, PyObject *unused) { return listing(m, 0); }
@@ -740,36 +801,9 @@ static PyObject *HashMap_update_from(HashMap *m, PyObject *src)
     Py_RETURN_NONE;
 }
 
-/* == and != as the same keys and values in a dict would compare (tests, mostly). */
 static PyObject *HashMap_richcompare(PyObject *self, PyObject *other, int op)
 {
-    if (op != Py_EQ && op != Py_NE)
-        Py_RETURN_NOTIMPLEMENTED;
-    PyObject *mine = PyDict_New();
-    if (!mine)
-        return NULL;
-    PyObject *r = HashMap_update_from_into(mine, (HashMap *)self);
-    if (!r) {
-        Py_DECREF(mine);
-        return NULL;
-    }
-    Py_DECREF(r);
-    PyObject *theirs = other;
-    Py_INCREF(theirs);
-    if (Py_TYPE(other) == Py_TYPE(self)) {
-        Py_DECREF(theirs);
-        theirs = PyDict_New();
-        if (!theirs || !(r = HashMap_update_from_into(theirs, (HashMap *)other))) {
-            Py_XDECREF(theirs);
-            Py_DECREF(mine);
-            return NULL;
-        }
-        Py_DECREF(r);
-    }
-    PyObject *out = PyObject_RichCompare(mine, theirs, op);
-    Py_DECREF(mine);
-    Py_DECREF(theirs);
-    return out;
+    return compare_as_dicts(self, other, op, HashMap_as_dict);
 }
 
 static PyObject *HashMap_sizeof(HashMap *m, PyObject *unused)
@@ -1100,7 +1134,7 @@ static void ObjectMap_dealloc(ObjectMap *m)
 
 static Py_ssize_t ObjectMap_len(ObjectMap *m)
 {
-    return m->live + (m->other ? PyDict_GET_SIZE(m->other) : 0);
+    return m->live + side_len(m->other);
 }
 
 static int ObjectMap_contains(ObjectMap *m, PyObject *key)
@@ -1111,7 +1145,7 @@ static int ObjectMap_contains(ObjectMap *m, PyObject *key)
         return -1;
     if (r)
         return om_find(m, k) != NULL;
-    return m->other ? PyDict_Contains(m->other, key) : 0;
+    return side_has(m->other, key);
 }
 
 /* The value (borrowed) or NULL, error set only on a real error. */
@@ -1125,7 +1159,7 @@ static PyObject *om_lookup(ObjectMap *m, PyObject *key)
         IndexSlot *s = om_find(m, k);
         return s ? m->entries[s->at].value : NULL;
     }
-    return m->other ? PyDict_GetItemWithError(m->other, key) : NULL;
+    return side_get(m->other, key);
 }
 
 static PyObject *ObjectMap_subscript(ObjectMap *m, PyObject *key)
@@ -1147,23 +1181,18 @@ static int ObjectMap_ass_subscript(ObjectMap *m, PyObject *key, PyObject *value)
     if (r < 0)
         return -1;
     if (!value) {
-        if (r) {
-            PyObject *old = om_take(m, k);
-            if (old) {
-                Py_DECREF(old);
-                return 0;
-            }
-        } else if (m->other) {
-            return PyDict_DelItem(m->other, key);
+        if (!r)
+            return side_del(m->other, key);
+        PyObject *old = om_take(m, k);
+        if (old) {
+            Py_DECREF(old);
+            return 0;
         }
         PyErr_SetObject(PyExc_KeyError, key);
         return -1;
     }
-    if (!r) {
-        if (!m->other && !(m->other = PyDict_New()))
-            return -1;
-        return PyDict_SetItem(m->other, key, value);
-    }
+    if (!r)
+        return side_put(&m->other, key, value) < 0 ? -1 : 0;
     if (om_reserve(m, 1) < 0)
         return -1;
     PyObject *old = NULL;
@@ -1175,53 +1204,27 @@ static int ObjectMap_ass_subscript(ObjectMap *m, PyObject *key, PyObject *value)
 
 static PyObject *ObjectMap_get(ObjectMap *m, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "get(key[, default])");
+    if (key_and_default(nargs, "get(key[, default])") < 0)
         return NULL;
-    }
     PyObject *v = om_lookup(m, args[0]);
-    if (!v) {
-        if (PyErr_Occurred())
-            return NULL;
-        v = nargs == 2 ? args[1] : Py_None;
-    }
+    if (!v)
+        return PyErr_Occurred() ? NULL : not_held(args, nargs, 0);
     Py_INCREF(v);
     return v;
 }
 
 static PyObject *ObjectMap_pop(ObjectMap *m, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "pop(key[, default])");
+    if (key_and_default(nargs, "pop(key[, default])") < 0)
         return NULL;
-    }
     int64_t k;
     int r = as_key(args[0], &k);
     if (r < 0)
         return NULL;
-    if (r) {
-        PyObject *old = om_take(m, k);
-        if (old)
-            return old;
-    } else if (m->other) {
-        PyObject *o = PyDict_GetItemWithError(m->other, args[0]);
-        if (o) {
-            Py_INCREF(o);
-            if (PyDict_DelItem(m->other, args[0]) < 0) {
-                Py_DECREF(o);
-                return NULL;
-            }
-            return o;
-        }
-        if (PyErr_Occurred())
-            return NULL;
-    }
-    if (nargs == 2) {
-        Py_INCREF(args[1]);
-        return args[1];
-    }
-    PyErr_SetObject(PyExc_KeyError, args[0]);
-    return NULL;
+    PyObject *o = r ? om_take(m, k) : side_pop(m->other, args[0]);
+    if (o || PyErr_Occurred())
+        return o;
+    return not_held(args, nargs, 1);
 }
 
 static PyObject *ObjectMap_isdisjoint(ObjectMap *m, PyObject *keys)
@@ -1248,7 +1251,7 @@ static PyObject *ObjectMap_isdisjoint(ObjectMap *m, PyObject *keys)
             if (ok[j]) {
                 hit = om_find(m, ks[j]) != NULL;
             } else {
-                hit = m->other ? PyDict_Contains(m->other, items[base + j]) : 0;
+                hit = side_has(m->other, items[base + j]);
                 if (hit < 0)
                     goto fail;
             }
@@ -1300,12 +1303,10 @@ static PyObject *ObjectMap_put_all(ObjectMap *m, PyObject *const *args, Py_ssize
                 fresh += om_put(m, ks[j], value, &old);
                 Py_XDECREF(old);
             } else {
-                if (!m->other && !(m->other = PyDict_New()))
+                int added = side_put(&m->other, items[base + j], value);
+                if (added < 0)
                     goto fail;
-                Py_ssize_t before = PyDict_GET_SIZE(m->other);
-                if (PyDict_SetItem(m->other, items[base + j], value) < 0)
-                    goto fail;
-                fresh += PyDict_GET_SIZE(m->other) - before;
+                fresh += added;
             }
         }
     }
@@ -1429,32 +1430,30 @@ static PyObject *ObjectMap_keys(ObjectMap *m, PyObject *unused) { return om_iter
 static PyObject *ObjectMap_values(ObjectMap *m, PyObject *unused) { return om_iter(m, 1); }
 static PyObject *ObjectMap_items(ObjectMap *m, PyObject *unused) { return om_iter(m, 2); }
 
-static PyObject *ObjectMap_richcompare(PyObject *self, PyObject *other, int op)
+/* a new dict of the map's pairs (for comparisons) */
+static PyObject *ObjectMap_as_dict(PyObject *self)
 {
-    if (op != Py_EQ && op != Py_NE)
-        Py_RETURN_NOTIMPLEMENTED;
-    PyObject *mine = PyDict_New();
-    if (!mine)
-        return NULL;
-    PyObject *it = om_iter((ObjectMap *)self, 2), *pair;
+    PyObject *d = PyDict_New();
+    PyObject *it = d ? om_iter((ObjectMap *)self, 2) : NULL, *pair;
     if (!it) {
-        Py_DECREF(mine);
+        Py_XDECREF(d);
         return NULL;
     }
     while ((pair = PyIter_Next(it))) {
-        int e = PyDict_SetItem(mine, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
+        int e = PyDict_SetItem(d, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
         Py_DECREF(pair);
         if (e < 0)
             break;
     }
     Py_DECREF(it);
-    if (PyErr_Occurred()) {
-        Py_DECREF(mine);
-        return NULL;
-    }
-    PyObject *out = PyObject_RichCompare(mine, other, op);
-    Py_DECREF(mine);
-    return out;
+    if (PyErr_Occurred())
+        Py_CLEAR(d);
+    return d;
+}
+
+static PyObject *ObjectMap_richcompare(PyObject *self, PyObject *other, int op)
+{
+    return compare_as_dicts(self, other, op, ObjectMap_as_dict);
 }
 
 static PyObject *ObjectMap_sizeof(ObjectMap *m, PyObject *unused)

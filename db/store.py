@@ -39,6 +39,11 @@ def default_db_path() -> Path:
     return Path(os.environ.get("KVSCOPE_DB", "kvscope.db"))
 
 
+def empty_file(path: str | os.PathLike[str]) -> KvscopeError:
+    """The one wording for a zero-byte file given as a database (every reader says it)."""
+    return KvscopeError(f"{path} is empty: not a kvscope database (nothing recorded into it)")
+
+
 def open_db(path: str | os.PathLike[str], *, create: bool = True) -> Database:
     """Open a kvscope database, creating it (``create=True``) and migrating it.
 
@@ -57,7 +62,7 @@ def open_db(path: str | os.PathLike[str], *, create: bool = True) -> Database:
     if not create and path.stat().st_size == 0:
         # `runs`, `report` and `dash` had written a whole schema (180 kB) into any empty
         # file named to them (a typo, a file made by `touch`) and then called it empty.
-        raise KvscopeError(f"{path} is empty: not a kvscope database (nothing recorded into it)")
+        raise empty_file(path)
     if not create and not _writable(path):
         return _open_read_only(path)
     try:

@@ -115,7 +115,7 @@ def stored_weight_bytes(config: ModelConfig, weights_dtype: str, device: str = "
     inputs; a tied LM head is the embedding table itself but for CPU bf16 (a packed
     copy) and int8/int4 (its own int8 matrix).
     """
-    from engine.model import INT4_GROUP
+    from engine.model import INT4_GROUP, check_int4_shape
 
     act = 4 if weights_dtype == "fp32" else 2
     on_cpu = torch.device(device).type == "cpu"  # CUDA runs fused kernels on plain layouts
@@ -123,10 +123,7 @@ def stored_weight_bytes(config: ModelConfig, weights_dtype: str, device: str = "
 
     def matrix(rows: int, cols: int, fmt: str = weights_dtype) -> int:
         if fmt == "int4":
-            if cols % INT4_GROUP:
-                raise ModelLoadError(
-                    f"int4 weights need in-features divisible by {INT4_GROUP}, got {cols}"
-                )
+            check_int4_shape(rows, cols)
             return rows * cols // 2 + cols // INT4_GROUP * rows * 2 * 2
         if fmt == "int8":
             return rows * cols + rows * 2

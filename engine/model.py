@@ -110,6 +110,20 @@ class Projection:
 _mkldnn_linear = torch.ops.mkldnn._linear_pointwise  # oneDNN's linear on a packed weight
 
 INT4_GROUP = 32  # Q4_1's block: a Q4_1 checkpoint's weights come back exactly on this grid
+INT4_ROWS = 16  # torch's CPU int4 packing takes out-features in multiples of 16
+
+
+def check_int4_shape(out_dim: int, in_dim: int) -> None:
+    """Refuse, in one line, a matrix torch's int4 packing cannot hold (it raised a bare
+    RuntimeError from inside the packing for out-features not a multiple of 16)."""
+    if in_dim % INT4_GROUP:
+        raise ModelLoadError(
+            f"int4 weights need in-features divisible by {INT4_GROUP}, got {in_dim}"
+        )
+    if out_dim % INT4_ROWS:
+        raise ModelLoadError(
+            f"int4 weights need out-features divisible by {INT4_ROWS}, got {out_dim}"
+        )
 
 
 def _int4_pack(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,10 +135,7 @@ def _int4_pack(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     so ``zero = m + 8 d``; scale and zero are stored in bf16 (the kernel's dtype).
     """
     out_dim, in_dim = weight.shape
-    if in_dim % INT4_GROUP:
-        raise ModelLoadError(
-            f"int4 weights need in-features divisible by {INT4_GROUP}, got {in_dim}"
-        )
+    check_int4_shape(out_dim, in_dim)
     groups = weight.view(out_dim, in_dim // INT4_GROUP, INT4_GROUP)
     low, high = groups.amin(-1), groups.amax(-1)
     scale = ((high - low) / 15).clamp(min=1e-10)

@@ -131,8 +131,10 @@ def test_watch_a_negative_keep_raw_reaches_the_duration_check(capsys, tmp_path, 
 
 
 def test_watch_a_negative_duration_with_a_unit_is_a_value_not_an_option(capsys, tmp_path):
+    """--duration reads durations as --keep-raw does; "-5s" had been "not a number"."""
     argv = ["watch", str(tmp_path / "w.db"), "--source", "tcp://127.0.0.1:6001"]
-    refused(capsys, [*argv, "--duration", "-5s"], "argument --duration: not a number: '-5s'")
+    refused(capsys, [*argv, "--duration", "-5s"], "--duration '-5s' must be a positive, finite")
+    refused(capsys, [*argv, "--duration", "5 min"], "--duration '5 min': give a duration such as")
     refused(capsys, [*argv, "--keep-raw", "--new-run"], "--keep-raw: expected one argument")
 
 

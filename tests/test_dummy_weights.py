@@ -165,6 +165,21 @@ def test_stored_weight_bytes_are_what_the_built_model_holds(weights_dtype, tied)
     assert stored_weight_bytes(config, weights_dtype, "cpu") == model.weight_bytes
 
 
+def test_int4_refuses_out_features_its_packing_cannot_hold():
+    """torch packs int4 rows in sixteens: a fused q/k/v of 40 rows (8 heads of 4, one kv
+    head) had raised a bare RuntimeError from the packing, and ``info`` had counted it."""
+    from engine.dummy import stored_weight_bytes
+    from engine.model import DecoderModel
+
+    config = dataclasses.replace(TINY, num_q_heads=8, num_kv_heads=1, head_dim=4)
+    message = "int4 weights need out-features divisible by 16, got 40"
+    with pytest.raises(ModelLoadError, match=message):
+        DecoderModel(config, dummy_weights(config), "int4", "cpu")
+    with pytest.raises(ModelLoadError, match=message):
+        stored_weight_bytes(config, "int4", "cpu")
+    assert stored_weight_bytes(config, "int8", "cpu") > 0  # only int4 packs in sixteens
+
+
 @pytest.mark.parametrize("weights_dtype", ["fp32", "bf16"])
 def test_info_on_dummy_weights_prints_what_the_built_engine_would(weights_dtype):
     from app.cli import build_parser

@@ -107,7 +107,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="ENDPOINT",
         help=f"bind a subscriber that engines connect to (vLLM fan-in; default {DEFAULT_LISTEN})",
     )
-    p.add_argument("--duration", type=positive, metavar="S", help="stop after S seconds")
+    p.add_argument(
+        "--duration",
+        metavar="DURATION",
+        help="stop after this long (90s, 30m, 12h, 7d; plain numbers are seconds)",
+    )
     p.add_argument(
         "--keep-raw",
         metavar="DURATION",
@@ -322,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
     for url in args.metrics:
         _check_url(url, "--metrics")
     keep_raw_s = None if args.keep_raw is None else parse_duration(args.keep_raw, "--keep-raw")
+    duration_s = None if args.duration is None else parse_duration(args.duration, "--duration")
     specs = _specs(args)
     config = {
         "sources": [spec.endpoint for spec in specs],
@@ -355,8 +360,8 @@ def run(args: argparse.Namespace) -> int:
                 "Ctrl-C to stop",
                 flush=True,
             )
-        while args.duration is None or time.monotonic() - started < args.duration:
-            left = 1.0 if args.duration is None else args.duration - (time.monotonic() - started)
+        while duration_s is None or time.monotonic() - started < duration_s:
+            left = 1.0 if duration_s is None else duration_s - (time.monotonic() - started)
             time.sleep(max(0.0, min(1.0, left)))
             if session.error is not None:
                 final = FAILED

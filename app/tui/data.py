@@ -27,7 +27,7 @@ from db.requests import RequestState, requests_at
 from db.runs import RunInfo, newest_run, run_info
 from db.series import GpuPoint, StepPoint, StepRow, StepTimes, step_row, step_times
 from db.source import Position, run_origin
-from db.store import open_db
+from db.store import empty_file, open_db
 from engine.errors import KvscopeError
 
 # Seconds of recent history behind the "window" figures (hit rate, rates, tokens/s).
@@ -87,7 +87,7 @@ def check_database(
     if path.is_file() and path.stat().st_size == 0:
         if missing_ok:
             return
-        raise KvscopeError(f"{path} is empty: no run has been recorded into it")
+        raise empty_file(path)
     ids = sorted(run.run_id for run in queries.list_runs(path))
     if run_id is not None and run_id not in ids and not missing_ok:
         listed = ", ".join(map(str, ids)) if len(ids) <= 10 else f"{ids[0]} to {ids[-1]}"

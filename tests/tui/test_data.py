@@ -158,7 +158,7 @@ def test_check_database_explains_every_unusable_path(tmp_path, recorded: Recorde
     cases = {
         "missing": (tmp_path / "missing.db", "no database at"),
         "directory": (tmp_path, "is a directory"),
-        "empty": (tmp_path / "empty.db", "is empty"),
+        "empty": (tmp_path / "empty.db", "is empty: not a kvscope database"),
         "foreign": (tmp_path / "foreign.db", "another application"),
         "not sqlite": (tmp_path / "text.db", "cannot use"),
     }

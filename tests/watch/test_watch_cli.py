@@ -34,7 +34,7 @@ def test_watch_records_for_a_duration(tmp_path: Path, publishers, capsys) -> Non
     db = tmp_path / "w.db"
     code = main(
         ["watch", str(db), "--source", pub.endpoint, "--replay", pub.replay_endpoint,
-         "--duration", "1.5", "--json"]
+         "--duration", "1.5s", "--json"]
     )  # fmt: skip
     thread.join()
     assert code == 0
@@ -109,7 +109,7 @@ def test_sigterm_to_the_group_stops_like_ctrl_c(tmp_path: Path, publishers) -> N
         (["--source", "tcp://h:1", "--metrics", "http://h:99999/metrics"], "out of range"),
         (["--source", "tcp://h:1", "--metrics", "http://h:x/metrics"], "integer"),
         ([], "nothing to watch"),
-        (["--source", "tcp://h:1", "--duration", "0"], "argument --duration: must be > 0"),
+        (["--source", "tcp://h:1", "--duration", "0"], "--duration '0' must be a positive"),
         (["--source", "tcp://h:1", "--dp-size", "0"], "at least 1"),
         (["--source", "tcp://h:1", "--keep-raw", "0"], "positive, finite duration"),
         (["--source", "tcp://h:1", "--keep-raw", "nan"], "positive, finite duration"),
