@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from engine.errors import KvscopeError
@@ -29,11 +30,56 @@ class UsageError(KvscopeError):
     """A flag the parser refused: one line, exit status 2."""
 
 
+_INVALID_CHOICE = re.compile(r"invalid choice: '(.*)' \(choose from")
+
+
 class CliParser(argparse.ArgumentParser):
     """argparse, with a mistake reported as one line that says where to look for help."""
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see {self.prog} --help)")
+        # argparse names an unknown option only once all else parsed; before that, its
+        # value read as a command ("kvscope calc --model x": "invalid choice: 'x' (choose
+        # from 'offload', 'cliff')") or a missing positional hid it ("kvscope eval
+        # --nope": "arguments are required: TASK").
+        given = getattr(self, "_given", [])
+        # what no command took is the top level's to report: the command's help lists
+        # the options there are
+        where = self._command_parser(given) if message.startswith("unrecognized") else self
+        choice = _INVALID_CHOICE.search(message)
+        if choice is not None and choice.group(1) in given:
+            at = given.index(choice.group(1))
+            if at and self._unknown(given[at - 1]):
+                message = f"unrecognized arguments: {given[at - 1]}"
+        elif "arguments are required" in message:
+            unknown = [arg for arg in given if self._unknown(arg)]
+            if unknown:
+                message += f"; not an option of {self.prog}: {' '.join(unknown)}"
+        raise UsageError(f"{message} (see {where.prog} --help)")
+
+    def _command_parser(self, given: list[str]) -> argparse.ArgumentParser:
+        """The (sub)command's parser ``given`` names: the top level reports what no
+        command took, and ``kvscope run --no-tui`` had said "see kvscope --help", not
+        "kvscope run --help", where --headless is."""
+        parser: argparse.ArgumentParser = self
+        for arg in given:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            if subs and arg in subs[0].choices:
+                parser = subs[0].choices[arg]
+        return parser
+
+    def _unknown(self, arg: str) -> bool:
+        """``arg`` reads as an option this parser lacks (by its name or an abbreviation)."""
+        name = arg.split("=", 1)[0]
+        if not name.startswith("-") or name == "-" or self._negative_number_matcher.match(name):
+            return False
+        known = self._option_string_actions
+        return name not in known and not (
+            name.startswith("--") and any(s.startswith(name) for s in known)
+        )
 
     def format_help(self) -> str:
         # Descriptions are the modules' docstrings, whose ``code`` marks are for readers of

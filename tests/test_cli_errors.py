@@ -103,6 +103,34 @@ def test_bad_kv_budget_flag_is_one_line():
     assert "invalid size 'lots'" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        # an option a command lacks, then its value: argparse had offered the value as a
+        # subcommand ("invalid choice: 'nope' (choose from 'offload', 'cliff')")
+        (["calc", "--model", "nope"], "unrecognized arguments: --model (see kvscope calc"),
+        (["calc", "--context=4k", "cliff"], "unrecognized arguments: --context=4k"),
+        (["--model", "x", "run"], "unrecognized arguments: --model (see kvscope --help)"),
+        # a mistyped subcommand is still named as one; an abbreviated option is no stranger
+        (["calc", "--preset", "smollm2-135m", "offlod"], "invalid choice: 'offlod'"),
+        (["calc", "--preset", "smollm2-135m", "--input", "10", "2"], "invalid choice: '2'"),
+        # a missing positional had hidden the stray option
+        (["eval", "--nope"], "arguments are required: TASK; not an option of kvscope eval: --nope"),
+        (
+            ["replay", "--limit", "5", "--bogus=1"],
+            "TRACE; not an option of kvscope replay: --bogus=1 (",
+        ),
+        # what no command took points at the command's help, where its options are
+        (["run", "--no-tui"], "unrecognized arguments: --no-tui (see kvscope run --help)"),
+        (["calc", "cliff", "--x", "1"], "arguments: --x 1 (see kvscope calc cliff --help)"),
+    ],
+)
+def test_an_unknown_option_is_named_not_its_value(capsys, argv, fragment):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert_one_line_error(err, fragment)
+
+
 def test_unknown_workload_and_bad_jsonl(capsys, tmp_path):
     code, _, err = run_cli(capsys, "run", "--headless", "--workload", "nonsense")
     assert code == 2
