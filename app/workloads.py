@@ -178,6 +178,9 @@ def builtin(name: str, requests: int, rate: float = 4.0, seed: int = 0) -> list[
     return _MAKERS[name](random.Random(seed), requests, rate)
 
 
+WORKLOAD_FIELDS = ("prompt", "max_tokens", "arrival_s", "system", "chat")
+
+
 def read_jsonl(path: Path) -> list[WorkItem]:
     """Parse a JSONL workload; a bad line is reported by number and reason."""
     try:
@@ -199,9 +202,12 @@ def read_jsonl(path: Path) -> list[WorkItem]:
             raise KvscopeError(f"{where}: not valid JSON ({exc.msg})") from None
         if not isinstance(raw, dict):
             raise KvscopeError(f"{where}: expected a JSON object")
-        unknown = set(raw) - {"prompt", "max_tokens", "arrival_s", "system", "chat"}
+        unknown = set(raw) - set(WORKLOAD_FIELDS)
         if unknown:
-            raise KvscopeError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+            raise KvscopeError(
+                f"{where}: unknown field(s) {', '.join(sorted(unknown))} "
+                f"(a workload line has {', '.join(WORKLOAD_FIELDS)})"
+            )
         prompt = raw.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise KvscopeError(f"{where}: 'prompt' must be a non-empty string")

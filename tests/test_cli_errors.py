@@ -140,6 +140,15 @@ def test_unknown_workload_and_bad_jsonl(capsys, tmp_path):
     code, _, err = run_cli(capsys, "run", "--headless", "--workload", str(wl))
     assert code == 2
     assert_one_line_error(err, "w.jsonl:2: 'max_tokens' must be a positive integer")
+    # replay's kvscope traces take token ids; a workload line says what it takes instead
+    wl.write_text('{"prompt": "ok"}\n{"prompt_token_ids": [1, 2]}\n')
+    code, _, err = run_cli(capsys, "run", "--headless", "--workload", str(wl))
+    assert code == 2
+    assert_one_line_error(
+        err,
+        "w.jsonl:2: unknown field(s) prompt_token_ids (a workload line has prompt, "
+        "max_tokens, arrival_s, system, chat)",
+    )
 
 
 def test_unwritable_db(capsys, tmp_path):

@@ -193,6 +193,27 @@ def test_report_checks_its_output_before_building(capsys, tmp_path, two_runs, mo
         refused(capsys, [*base, "--format", "json", "-o", "/dev/full"], "cannot write /dev/full")
 
 
+def test_report_never_writes_over_the_database_it_reports(capsys, tmp_path, two_runs):
+    """``-o run.db`` had written the report over the recording, then died on a malformed
+    database with a traceback: the run was gone. Its WAL files, a symlink to it and a
+    hard link to it are the database too."""
+    db = tmp_path / "run.db"
+    db.write_bytes(two_runs.read_bytes())
+    before = db.read_bytes()
+    (tmp_path / "link.db").symlink_to(db)
+    (tmp_path / "hard.db").hardlink_to(db)
+    cases = [
+        (db, db), (db, tmp_path / "run.db-wal"), (db, tmp_path / "run.db-shm"),
+        (tmp_path / "link.db", db), (tmp_path / "hard.db", db), (db, tmp_path / "link.db"),
+    ]  # fmt: skip
+    for source, out in cases:
+        for fmt in ("html", "json", "trace"):
+            argv = ["report", str(source), "--run", "1", "--format", fmt, "-o", str(out)]
+            refused(capsys, argv, f"cannot write {out}: it is the database being reported")
+    assert db.read_bytes() == before
+    assert main(["report", str(db), "--run", "1", "-o", str(tmp_path / "r.html")]) == 0
+
+
 @pytest.mark.parametrize("fmt", ["trace", "mooncake"])
 def test_report_of_a_watch_run_says_what_it_cannot_hold(capsys, tmp_path, two_runs, fmt):
     """A watch run's Perfetto trace had been three metadata events, exit 0."""

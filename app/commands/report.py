@@ -27,6 +27,9 @@ NOT_FOR_WATCH = {
 }
 
 
+SIDE = ("-wal", "-shm", "-journal")  # SQLite's files beside a database
+
+
 def output_path(text: str) -> Path:
     """``-o PATH``: an empty one had been the current directory (``--format csv -o ''``
     wrote its CSV files there and exited 0), and ``-o -`` a file named "-"."""
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             print()
             return 0
         out = args.output or default_output(run_id, args.format)
-        check_output(out, args.format)  # before a report that may take a while
+        check_output(out, args.format, db_path(args))  # before a report that may take a while
         try:
             if args.format == "mooncake":
                 from app.report.mooncake import write_mooncake
@@ -116,10 +119,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_output(out: Path, fmt: str) -> None:
+def check_output(out: Path, fmt: str, database: Path) -> None:
     """Refuse an output path that cannot be written before the report is built: a
-    directory where a file goes (or a file where csv's directory goes), or a path
-    under a file."""
+    directory where a file goes (or a file where csv's directory goes), a path
+    under a file, or the database being reported (or its WAL files): ``-o run.db``
+    had written the report over the recording and then died on a malformed database."""
+    own = {database.resolve(), *(database.resolve().with_name(database.name + s) for s in SIDE)}
+    if out.resolve() in own or (out.exists() and database.exists() and out.samefile(database)):
+        raise KvscopeError(
+            f"cannot write {out}: it is the database being reported (give another path)"
+        )
     if fmt == "csv":
         if out.exists() and not out.is_dir():
             raise KvscopeError(f"{out} is a file; --format csv writes a directory of CSV files")
