@@ -105,6 +105,14 @@ def test_inconsistent_hash_ids_are_counted_and_warned(capsys, tmp_path):
     assert "2 of 20 requests have hash ids inconsistent" in err
     assert "1 too few" in err and "1 too many" in err
     assert json.loads(out)["inconsistent_hash_ids"] == {"too_few": 1, "too_many": 1}
+    # --limit counts only the requests it replays (it had warned of the whole file's)
+    code, out, err = run_cli(
+        capsys, "replay", str(path), "--capacity", "1e5", "--eviction-policy", "lru",
+        "--limit", "5", "--json",
+    )  # fmt: skip
+    assert code == 0
+    assert "1 of 5 requests have hash ids inconsistent" in err and "0 too many" in err
+    assert json.loads(out)["inconsistent_hash_ids"] == {"too_few": 1, "too_many": 0}
 
 
 def test_sweep_is_recorded_as_replay_runs_with_the_capacity_keys(capsys, tmp_path):
