@@ -124,8 +124,9 @@ def check_output(out: Path, fmt: str, database: Path) -> None:
     directory where a file goes (or a file where csv's directory goes), a path
     under a file, or the database being reported (or its WAL files): ``-o run.db``
     had written the report over the recording and then died on a malformed database."""
-    own = {database.resolve(), *(database.resolve().with_name(database.name + s) for s in SIDE)}
-    if out.resolve() in own or (out.exists() and database.exists() and out.samefile(database)):
+    real = database.resolve()  # SQLite names its side files after the file a link leads to
+    own = {real, *(real.with_name(real.name + side) for side in SIDE)}
+    if out.resolve() in own or (out.exists() and out.samefile(real)):  # a hard link
         raise KvscopeError(
             f"cannot write {out}: it is the database being reported (give another path)"
         )

@@ -67,15 +67,14 @@ class ReplayTrace:
         """(short, long): requests of a Mooncake or Bailian trace whose hash ids do not
         match ceil(input_length / block_size), of those kept (``--limit 200`` had
         warned of 12,031 of 200: the whole file's count)."""
-        short = long = 0
         bs = self.block_size
         if self.format not in DEFAULT_BLOCK_SIZE:  # a run's pages: full ones only, by design
             return 0, 0
+        short = long = 0
         for e in self.entries:
-            if e.blocks is not None and bs:
-                want = -(-e.input_len // bs)
-                short += len(e.blocks) < want
-                long += len(e.blocks) > want
+            want = -(-e.input_len // bs)
+            short += len(e.blocks) < want
+            long += len(e.blocks) > want
         return short, long
 
     @property
