@@ -6,6 +6,13 @@ status 2, never a traceback. A mistaken flag is one of them: ``CliParser``
 raises a ``UsageError`` (naming the choices or the rule broken) instead of
 printing argparse's usage block, so the dashboard, which parses the same flags,
 gets an exception it can show rather than a process exit.
+
+Every command's module is imported to build the parser, so what they import at
+their top is paid by every command, ``--version`` included: only the standard
+library and torch-free kvscope modules (option choices, presets, sizing math).
+torch (about 2 s), the UIs (textual, dash, plotly) and the database layer
+(sqlite_utils, numpy) are imported by the handler that uses them.
+tests/test_startup.py checks that the light commands import none of them.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import os
 import re
 import sys
 
-from engine.errors import KvscopeError
+from kvscope.engine.errors import KvscopeError
 
 try:
     from importlib.metadata import version as _dist_version
@@ -124,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         # No try/except: a command module that fails to import is a packaging
         # error, and must surface as its real traceback, not as a missing command.
-        importlib.import_module(f"app.commands.{name}").register(sub)
+        importlib.import_module(f"kvscope.app.commands.{name}").register(sub)
     return parser
 
 

@@ -14,10 +14,16 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from app.output_format import GIB, count_text, format_table, plain, plain_dict
-from app.sizing_args import budget_figures, device_arg, memory_budget, memory_rows, resolve_model
-from engine.errors import KvscopeError
-from engine.sizing import (
+from kvscope.app.output_format import GIB, count_text, format_table, plain, plain_dict
+from kvscope.app.sizing_args import (
+    budget_figures,
+    device_arg,
+    memory_budget,
+    memory_rows,
+    resolve_model,
+)
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.sizing import (
     FULL,
     WEIGHT_BYTES_PER_PARAM,
     ContextShape,
@@ -192,7 +198,7 @@ def _scenario_batch(r: dict[str, Any], s: dict[str, Any], length: int) -> int:
 
 
 def run_cliff(args: argparse.Namespace) -> int:
-    from app.commands.simulate import write_plot  # simulate imports this module
+    from kvscope.app.commands.simulate import write_plot  # simulate imports this module
 
     report = cliff_report(args)
     if getattr(args, "plot", None):

@@ -12,8 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from db.store import default_db_path
-from engine.errors import KvscopeError
+from kvscope.engine.errors import KvscopeError
 
 DEFAULT_NOTE = "default: $KVSCOPE_DB or ./kvscope.db"
 
@@ -48,6 +47,10 @@ def run_id(text: str) -> int:
 
 def db_path(args: argparse.Namespace) -> Path:
     """The database the command line names, or the default one."""
+    # Imported here, not with the module: db.store imports sqlite_utils and numpy (about
+    # 0.2 s), and every command's parser is built with this module, --version's included.
+    from kvscope.db.store import default_db_path
+
     given = {path for path in (args.db, getattr(args, "db_option", None)) if path}
     if len(given) > 1:
         raise KvscopeError(f"two databases named ({' and '.join(sorted(given))}): give DB or --db")

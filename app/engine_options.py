@@ -10,9 +10,9 @@ import argparse
 import os
 import re
 
-from app.sizing_args import at_most, non_negative_int, positive_int
-from engine.device import DEVICE_CHOICES, preset_for_device, resolve_device
-from engine.engine_config import (
+from kvscope.app.sizing_args import at_most, non_negative_int, positive_int
+from kvscope.engine.device import DEVICE_CHOICES, preset_for_device, resolve_device
+from kvscope.engine.engine_config import (
     ATTENTION_BACKENDS,
     ATTENTION_MODES,
     EVICTION_POLICIES,
@@ -23,8 +23,8 @@ from engine.engine_config import (
     WEIGHT_DTYPES,
     EngineConfig,
 )
-from engine.errors import KvscopeError
-from engine.sizing import KV_DTYPES
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.sizing import KV_DTYPES
 
 HOST_BUDGET = "256MiB"
 
@@ -271,9 +271,9 @@ def _check_host_memory(flag: str, size: int | None) -> None:
 def _check_dummy_weights(model: str | None, weights_dtype: str) -> None:
     """Dummy weights are drawn in host memory on the CPU: a shape too large for it can only
     end in an allocation failure (or the OOM killer) partway through the draw."""
-    from engine.device import resolve_weights_dtype
-    from engine.dummy import dummy_config
-    from engine.sizing import WEIGHT_BYTES_PER_PARAM
+    from kvscope.engine.device import resolve_weights_dtype
+    from kvscope.engine.dummy import dummy_config
+    from kvscope.engine.sizing import WEIGHT_BYTES_PER_PARAM
 
     dtype = resolve_weights_dtype(weights_dtype, "cpu")
     size = dummy_config(model).num_params * WEIGHT_BYTES_PER_PARAM[dtype]
@@ -294,7 +294,7 @@ def host_budget(args: argparse.Namespace, kv_budget: int | None) -> int:
 
 def _check_cost_device(config: EngineConfig) -> None:
     """The offload cost model's device, named as the engine will look it up."""
-    from engine.presets import device_preset
+    from kvscope.engine.presets import device_preset
 
     try:
         device_preset(config.cost_device)
@@ -306,8 +306,8 @@ def _check_pool(config: EngineConfig) -> None:
     """A KV budget too small for the engine's pool, refused from the model's shape before
     its weights load (``--kv-budget 10`` had waited for the whole load to hear so). A
     model whose shape cannot be read is left to the load, which says why where it always has."""
-    from engine.loader import read_config
-    from engine.sizing import kv_bytes_per_token, pool_pages
+    from kvscope.engine.loader import read_config
+    from kvscope.engine.sizing import kv_bytes_per_token, pool_pages
 
     if config.kv_budget_bytes is None:  # --memory-fraction: measured once the model is built
         return

@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from db.pages import _REPLAY_ORDER
-from db.runs import choose_run
-from db.source import stored_json
-from db.store import open_db
-from engine.errors import KvscopeError
-from engine.replay.traces import ReplayTrace, TraceEntry
+from kvscope.db.pages import _REPLAY_ORDER
+from kvscope.db.runs import choose_run
+from kvscope.db.source import stored_json
+from kvscope.db.store import open_db
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.replay.traces import ReplayTrace, TraceEntry
 
 
 def trace_from_run(path: Path, run_id: int | None) -> ReplayTrace:

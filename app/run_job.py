@@ -14,10 +14,10 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.workloads import WorkItem
-from engine.engine import Engine
-from engine.errors import RequestError
-from engine.sampler import SamplingParams
+from kvscope.app.workloads import WorkItem
+from kvscope.engine.engine import Engine
+from kvscope.engine.errors import RequestError
+from kvscope.engine.sampler import SamplingParams
 
 
 @dataclass(slots=True)

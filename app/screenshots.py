@@ -24,13 +24,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from app.dashboard import screenshots as dash_shots
-from app.tui import screenshots as tui_shots
-from app.watch_demo import record_watch_demo
-from db.infllm import retrievals
-from db.pages import most_shared_step
-from db.runs import list_runs
-from engine.errors import KvscopeError
+from kvscope.app.dashboard import screenshots as dash_shots
+from kvscope.app.tui import screenshots as tui_shots
+from kvscope.app.watch_demo import record_watch_demo
+from kvscope.db.infllm import retrievals
+from kvscope.db.pages import most_shared_step
+from kvscope.db.runs import list_runs
+from kvscope.engine.errors import KvscopeError
 
 OUT = Path("screenshots")
 
@@ -59,7 +59,7 @@ SHARED_FLAGS = ("--workload", "shared-prefix", "--rate", "4")
 
 
 def record(db: Path, *flags: str) -> None:
-    cmd = [sys.executable, "-m", "app.cli", "run", "--headless", "--requests", "16"]
+    cmd = [sys.executable, "-m", "kvscope.app.cli", "run", "--headless", "--requests", "16"]
     cmd += ["--db", str(db), *flags]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
@@ -73,7 +73,7 @@ REPLAY_FLAGS = ("--capacity", "3e4,1e5,3e5,1e6,3e6", "--eviction-policy", "lru,l
 
 
 def record_replay(db: Path) -> None:
-    cmd = [sys.executable, "-m", "app.cli", "replay", str(REPLAY_TRACE), "--db", str(db)]
+    cmd = [sys.executable, "-m", "kvscope.app.cli", "replay", str(REPLAY_TRACE), "--db", str(db)]
     subprocess.run([*cmd, *REPLAY_FLAGS], check=True, stdout=subprocess.DEVNULL)
 
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         dash_shots.capture(infllm, OUT, pages=("long-context",))
         dash_shots.capture(watch, OUT, pages=("watch",))
     subprocess.run(
-        [sys.executable, "-m", "app.cli", "simulate", "--plot", str(OUT / "simulate.png")],
+        [sys.executable, "-m", "kvscope.app.cli", "simulate", "--plot", str(OUT / "simulate.png")],
         check=True,
         stdout=subprocess.DEVNULL,
     )

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from db.store import open_db
-from engine.alloc_sim.replay import SimResult
-from engine.errors import KvscopeError
-from engine.events import PAGE_FREE, PageMap, StepSummary, encode_holds
-from profiler.recorder import Recorder
+from kvscope.db.store import open_db
+from kvscope.engine.alloc_sim.replay import SimResult
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import PAGE_FREE, PageMap, StepSummary, encode_holds
+from kvscope.profiler.recorder import Recorder
 
 
 def check_database(db_path: str | os.PathLike[str]) -> None:

@@ -12,10 +12,10 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from app.output_format import GIB
-from engine.errors import KvscopeError
-from engine.presets import DEVICES, MODELS, Device, device_preset, model_preset
-from engine.sizing import (
+from kvscope.app.output_format import GIB
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.presets import DEVICES, MODELS, Device, device_preset, model_preset
+from kvscope.engine.sizing import (
     KV_DTYPES,
     WEIGHT_BYTES_PER_PARAM,
     MemoryBudget,

@@ -16,9 +16,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from profiler.watch.publisher import EventPublisher, vllm_block_removed, vllm_block_stored
-from profiler.watch.session import WatchSession
-from profiler.watch.sources import SourceSpec
+from kvscope.profiler.watch.publisher import EventPublisher, vllm_block_removed, vllm_block_stored
+from kvscope.profiler.watch.session import WatchSession
+from kvscope.profiler.watch.sources import SourceSpec
 
 BLOCK_SIZE = 16
 

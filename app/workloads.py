@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import KvscopeError
+from kvscope.engine.errors import KvscopeError
 
 BUILTIN = ("chat", "shared-prefix", "multi-turn", "long-context", "mixed")
 MAX_REQUESTS = 100_000  # a built-in workload of more is a typo; building it would exhaust memory

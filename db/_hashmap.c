@@ -1,4 +1,4 @@
-/* db._hashmap: block hash maps for the watch fold, open addressing.
+/* kvscope.db._hashmap: block hash maps for the watch fold, open addressing.
  *
  * HashMap: block hash -> int64, unordered (held blocks, remembered removals).
  * ObjectMap: block hash -> object, in insertion order (the prefix tree's nodes).
@@ -848,7 +848,7 @@ static PySequenceMethods HashMap_as_sequence = {
 
 static PyTypeObject HashMapType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "db._hashmap.HashMap",
+    .tp_name = "kvscope.db._hashmap.HashMap",
     .tp_doc = "block hash -> int64, open addressing (see db/_hashmap.c)",
     .tp_basicsize = sizeof(HashMap),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -1416,7 +1416,7 @@ static void ObjectMapIter_dealloc(ObjectMapIter *it)
 
 static PyTypeObject ObjectMapIterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "db._hashmap.ObjectMapIterator",
+    .tp_name = "kvscope.db._hashmap.ObjectMapIterator",
     .tp_basicsize = sizeof(ObjectMapIter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_dealloc = (destructor)ObjectMapIter_dealloc,
@@ -1493,7 +1493,7 @@ static PySequenceMethods ObjectMap_as_sequence = {
 
 static PyTypeObject ObjectMapType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "db._hashmap.ObjectMap",
+    .tp_name = "kvscope.db._hashmap.ObjectMap",
     .tp_doc = "block hash -> object, insertion-ordered (see db/_hashmap.c)",
     .tp_basicsize = sizeof(ObjectMap),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from db.source import (
+from kvscope.db.source import (
     NO_END,
     NO_START,
     Position,
@@ -26,8 +26,8 @@ from db.source import (
     run_origin,
     window,
 )
-from engine.errors import KvscopeError
-from engine.events import (
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import (
     EVENT_TYPES,
     PageEvicted,
     PageOffloaded,

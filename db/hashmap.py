@@ -76,7 +76,7 @@ class DictObjectMap(dict):
 
 
 try:
-    from db._hashmap import HashMap, ObjectMap
+    from kvscope.db._hashmap import HashMap, ObjectMap
 
     COMPILED = True
 except ImportError:  # built without a compiler (the extension is optional)

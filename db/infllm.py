@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from db.source import Source, connection
-from engine.events import InfLLMRetrieval
+from kvscope.db.source import Source, connection
+from kvscope.engine.events import InfLLMRetrieval
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from db import formulas
-from db.formulas import KernelStat
-from db.runs import RunInfo, cost_device, page_size, run_info
-from db.source import Source, connection, run_origin, window
-from engine.events import PageOffloaded, PageReloaded
-from engine.sizing import reload_cost
+from kvscope.db import formulas
+from kvscope.db.formulas import KernelStat
+from kvscope.db.runs import RunInfo, cost_device, page_size, run_info
+from kvscope.db.source import Source, connection, run_origin, window
+from kvscope.engine.events import PageOffloaded, PageReloaded
+from kvscope.engine.sizing import reload_cost
 
 
 @dataclass(frozen=True, slots=True)

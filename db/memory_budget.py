@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import fields, make_dataclass
 
-from db.source import Source, connection
-from engine.events import MemoryBudgetMeasured
+from kvscope.db.source import Source, connection
+from kvscope.engine.events import MemoryBudgetMeasured
 
 
 def _terms(self) -> list[tuple[str, int, str]]:

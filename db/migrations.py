@@ -12,15 +12,15 @@ from collections.abc import Callable
 
 from sqlite_utils import Database
 
-from db.schema import APPLICATION_ID
-from db.watch_aggregates import (
+from kvscope.db.schema import APPLICATION_ID
+from kvscope.db.watch_aggregates import (
     add_forgotten_removals,
     add_prefill_series,
     create_aggregate_tables,
     rebuild_all,
 )
-from db.watch_schema import create_watch_tables, drop_raw_run_index
-from engine.errors import KvscopeError
+from kvscope.db.watch_schema import create_watch_tables, drop_raw_run_index
+from kvscope.engine.errors import KvscopeError
 
 
 def _v1_initial(db: Database) -> None:

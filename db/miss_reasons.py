@@ -11,8 +11,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from db.source import NO_END, Position, Source, connection
-from engine.events import PrefixMiss
+from kvscope.db.source import NO_END, Position, Source, connection
+from kvscope.engine.events import PrefixMiss
 
 # The reasons in display order, as (field of MissCounts, label).
 REASONS = (

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
+from kvscope.engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
 
 # A legacy owner code the engine's snapshots do not have: evicted to the host tier.
 PAGE_OFFLOADED = -4

@@ -18,7 +18,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from db.page_states import (
+from kvscope.db.page_states import (
     NUM_STATES,
     PAGE_OFFLOADED,
     StepPages,
@@ -29,8 +29,8 @@ from db.page_states import (
     cell_states,
     step_pages_from,
 )
-from db.source import Position, Source, connection, kinds_sql, run_origin, window
-from engine.events import (
+from kvscope.db.source import Position, Source, connection, kinds_sql, run_origin, window
+from kvscope.engine.events import (
     PAGE_CACHED,
     PAGE_EVICTED,
     PAGE_FREE,

@@ -12,7 +12,7 @@ metrics use. Queries are safe to run while a writer writes (WAL mode).
 
 from __future__ import annotations
 
-from db.events import (
+from kvscope.db.events import (
     CHURN_KINDS,
     TIMELINE_KINDS,
     Counters,
@@ -21,9 +21,9 @@ from db.events import (
     event_counts,
     event_timeline,
 )
-from db.formulas import KernelStat, RunSummary
-from db.kernels import DevicePeaks, TransferCost, device_peaks, kernel_stats, transfer_costs
-from db.pages import (
+from kvscope.db.formulas import KernelStat, RunSummary
+from kvscope.db.kernels import DevicePeaks, TransferCost, device_peaks, kernel_stats, transfer_costs
+from kvscope.db.pages import (
     PAGE_OFFLOADED,
     PageBalance,
     PageMatrix,
@@ -36,8 +36,8 @@ from db.pages import (
     page_state_matrix,
     step_pages,
 )
-from db.raw import last_step_ns, raw_rows
-from db.requests import (
+from kvscope.db.raw import last_step_ns, raw_rows
+from kvscope.db.requests import (
     RequestRow,
     RequestState,
     RequestTimes,
@@ -46,7 +46,7 @@ from db.requests import (
     request_trace,
     requests_table,
 )
-from db.runs import (
+from kvscope.db.runs import (
     HEARTBEAT_STALE_S,
     Comparison,
     Progress,
@@ -62,7 +62,7 @@ from db.runs import (
     run_info,
     run_summary,
 )
-from db.series import (
+from kvscope.db.series import (
     CachedSources,
     GpuPoint,
     StepPoint,
@@ -72,7 +72,7 @@ from db.series import (
     gpu_series,
     step_series,
 )
-from db.source import Source, reader
+from kvscope.db.source import Source, reader
 
 __all__ = [
     "CHURN_KINDS",

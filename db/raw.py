@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 from sqlite_utils import Database
 
-from db.schema import GPU_COLUMNS, KERNEL_COLUMNS, STEP_COLUMNS
-from db.source import Source, connection, run_origin
+from kvscope.db.schema import GPU_COLUMNS, KERNEL_COLUMNS, STEP_COLUMNS
+from kvscope.db.source import Source, connection, run_origin
 
 RAW_TABLES = {
     "steps": STEP_COLUMNS,

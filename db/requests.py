@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from db.miss_reasons import MissCounts, request_miss_reasons
-from db.page_states import StepPages
-from db.pages import step_pages
-from db.source import NO_END, NO_START, Position, Source, connection, kinds_sql, run_origin
-from engine.errors import KvscopeError
-from engine.events import (
+from kvscope.db.miss_reasons import MissCounts, request_miss_reasons
+from kvscope.db.page_states import StepPages
+from kvscope.db.pages import step_pages
+from kvscope.db.source import NO_END, NO_START, Position, Source, connection, kinds_sql, run_origin
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import (
     ChunkScheduled,
     FirstToken,
     PagesAllocated,

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from db import formulas
-from db.events import tally
-from db.formulas import RunSummary, RunTotals
-from db.requests import request_progress
-from db.schema import INCOMPLETE, RUNNING
-from db.source import Position, Source, connection, run_origin, stored_json
-from engine.errors import KvscopeError
-from engine.events import PageEvicted, PageOffloaded, PageReloaded, RequestPreempted
-from engine.presets import Device, device_preset
+from kvscope.db import formulas
+from kvscope.db.events import tally
+from kvscope.db.formulas import RunSummary, RunTotals
+from kvscope.db.requests import request_progress
+from kvscope.db.schema import INCOMPLETE, RUNNING
+from kvscope.db.source import Position, Source, connection, run_origin, stored_json
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import PageEvicted, PageOffloaded, PageReloaded, RequestPreempted
+from kvscope.engine.presets import Device, device_preset
 
 # A 'running' run whose writer has not written for this long is incomplete.
 HEARTBEAT_STALE_S = 5.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from engine.events import Event, GpuSample, KernelTiming, StepSummary
+from kvscope.engine.events import Event, GpuSample, KernelTiming, StepSummary
 
 # PRAGMA application_id marks a file as a kvscope database ("kvsc" in ASCII).
 APPLICATION_ID = 0x6B767363

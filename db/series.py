@@ -15,12 +15,12 @@ from dataclasses import dataclass, fields, make_dataclass
 
 import numpy as np
 
-from db import formulas
-from db.events import prefix_tokens
-from db.runs import page_size
-from db.schema import STEP_COLUMNS
-from db.source import Source, bucket_sql, connection, run_origin, window
-from engine.events import PageEvicted, PageReloaded, RequestPreempted, StepSummary
+from kvscope.db import formulas
+from kvscope.db.events import prefix_tokens
+from kvscope.db.runs import page_size
+from kvscope.db.schema import STEP_COLUMNS
+from kvscope.db.source import Source, bucket_sql, connection, run_origin, window
+from kvscope.engine.events import PageEvicted, PageReloaded, RequestPreempted, StepSummary
 
 
 @dataclass(frozen=True, slots=True)

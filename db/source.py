@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from sqlite_utils import Database
 
-from db.store import open_db
-from engine.errors import KvscopeError
+from kvscope.db.store import open_db
+from kvscope.engine.errors import KvscopeError
 
 Source = Database | sqlite3.Connection | str | os.PathLike
 

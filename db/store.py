@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 from sqlite_utils import Database
 
-from db.migrations import SCHEMA_VERSION, migrate, schema_version
-from db.schema import APPLICATION_ID
-from engine.errors import KvscopeError
+from kvscope.db.migrations import SCHEMA_VERSION, migrate, schema_version
+from kvscope.db.schema import APPLICATION_ID
+from kvscope.engine.errors import KvscopeError
 
 # Readers and the writer wait this long for a lock before failing; in WAL mode
 # only checkpoints and migrations take one.

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from db.events import prefix_tokens
-from db.formulas import hit_rate
-from db.miss_reasons import MissCounts, run_miss_reasons
-from db.source import Source, connection, stored_json
+from kvscope.db.events import prefix_tokens
+from kvscope.db.formulas import hit_rate
+from kvscope.db.miss_reasons import MissCounts, run_miss_reasons
+from kvscope.db.source import Source, connection, stored_json
 
 REPLAY = "replay"
 

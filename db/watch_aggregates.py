@@ -56,8 +56,8 @@ from operator import sub
 
 import numpy as np
 
-from db.hashmap import HashMap, ObjectMap
-from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_RESET, OP_STORED, table_columns
+from kvscope.db.hashmap import HashMap, ObjectMap
+from kvscope.db.watch_schema import OP_CLEARED, OP_REMOVED, OP_RESET, OP_STORED, table_columns
 
 BUCKET_WIDTHS_S = (1, 60, 3600)
 # Removals the fleet remembers, all sources together, to recognise a hash stored again
@@ -1207,7 +1207,7 @@ def _bits(mask: int) -> str:
 def rebuild(conn: sqlite3.Connection, run_id: int, chunk: int = 50_000) -> FleetState:
     """A run's state folded from its raw rows (a database recorded before the
     aggregates existed, or a watch resumed on the same run)."""
-    from db.source import run_origin
+    from kvscope.db.source import run_origin
 
     state = FleetState(run_id, run_origin(conn, run_id))
     for index, engine in conn.execute(

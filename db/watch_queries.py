@@ -21,15 +21,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from db.source import Source, connection, run_origin
-from db.source import window as ts_window
-from db.watch_aggregates import (
+from kvscope.db.source import Source, connection, run_origin
+from kvscope.db.source import window as ts_window
+from kvscope.db.watch_aggregates import (
     BUCKET_WIDTHS_S,
     NO_MEDIUM,
     STAT_COLUMNS,
     bin_edges_s,
 )
-from db.watch_schema import table_columns
+from kvscope.db.watch_schema import table_columns
 
 # /metrics names per figure and engine kind (see docs/watch.md).
 METRIC_NAMES: dict[str, dict[str, str]] = {

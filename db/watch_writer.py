@@ -23,19 +23,19 @@ from dataclasses import dataclass, field
 
 from sqlite_utils import Database
 
-from db.checkpointer import Checkpointer
-from db.schema import FINAL_STATUSES
-from db.source import run_origin
-from db.watch_aggregates import FleetState, rebuild
-from db.watch_schema import (
+from kvscope.db.checkpointer import Checkpointer
+from kvscope.db.schema import FINAL_STATUSES
+from kvscope.db.source import run_origin
+from kvscope.db.watch_aggregates import FleetState, rebuild
+from kvscope.db.watch_schema import (
     BLOCK_COLUMNS,
     INCIDENT_COLUMNS,
     METRIC_COLUMNS,
     RAW_COLUMNS,
     SOURCE_COUNTERS,
 )
-from db.writer import WAL_CHECKPOINT_PAGES
-from engine.errors import KvscopeError
+from kvscope.db.writer import WAL_CHECKPOINT_PAGES
+from kvscope.engine.errors import KvscopeError
 
 SOURCE_COLUMNS = ("source", "kind", "engine", "endpoint", "replay", "topic", "dp_rank", "listen")
 

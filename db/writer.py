@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 
 from sqlite_utils import Database
 
-from db.formulas import RunSummary
-from db.schema import (
+from kvscope.db.formulas import RunSummary
+from kvscope.db.schema import (
     FINAL_STATUSES,
     GPU_COLUMNS,
     KERNEL_COLUMNS,

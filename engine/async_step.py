@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.request import Request
-from engine.sampler import SampledTokens
+from kvscope.engine.request import Request
+from kvscope.engine.sampler import SampledTokens
 
 
 @dataclass(slots=True)

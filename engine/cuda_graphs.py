@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.async_step import TokenFeed
-from engine.staging import StagingBuffer
-from kernels.metadata import AttentionMetadata
+from kvscope.engine.async_step import TokenFeed
+from kvscope.engine.staging import StagingBuffer
+from kvscope.kernels.metadata import AttentionMetadata
 
 
 def decode_buckets(max_num_seqs: int) -> list[int]:

@@ -14,8 +14,8 @@ import re
 import warnings
 from functools import cache
 
-from engine.errors import KvscopeError
-from engine.presets import Device, device_preset, match_driver_name
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.presets import Device, device_preset, match_driver_name
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 

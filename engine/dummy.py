@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from engine.errors import ModelLoadError
-from engine.loader import LoadedModel
-from engine.model_config import ModelConfig
-from engine.presets import model_preset
-from engine.tokenizer import TextCodec
+from kvscope.engine.errors import ModelLoadError
+from kvscope.engine.loader import LoadedModel
+from kvscope.engine.model_config import ModelConfig
+from kvscope.engine.presets import model_preset
+from kvscope.engine.tokenizer import TextCodec
 
 PRESET_PREFIX = "preset:"
 SOURCE_PREFIX = "dummy:"
@@ -115,11 +115,11 @@ def stored_weight_bytes(config: ModelConfig, weights_dtype: str, device: str = "
     inputs; a tied LM head is the embedding table itself but for CPU bf16 (a packed
     copy) and int8/int4 (its own int8 matrix).
     """
-    from engine.model import INT4_GROUP, check_int4_shape
+    from kvscope.engine.model import INT4_GROUP, check_int4_shape, cpu_packs_bf16
 
     act = 4 if weights_dtype == "fp32" else 2
     on_cpu = torch.device(device).type == "cpu"  # CUDA runs fused kernels on plain layouts
-    packs = weights_dtype == "bf16" and on_cpu and torch.backends.mkldnn.is_available()
+    packs = weights_dtype == "bf16" and on_cpu and cpu_packs_bf16()
 
     def matrix(rows: int, cols: int, fmt: str = weights_dtype) -> int:
         if fmt == "int4":

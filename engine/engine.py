@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from engine.async_step import LaunchedStep, feed_for
-from engine.dummy import dummy_shell, is_dummy_shell, load_dummy
-from engine.engine_config import EngineConfig
-from engine.errors import KvscopeError, RequestError
-from engine.events import (
+from kvscope.engine.async_step import LaunchedStep, feed_for
+from kvscope.engine.dummy import dummy_shell, is_dummy_shell, load_dummy
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.errors import KvscopeError, RequestError
+from kvscope.engine.events import (
     ChunkScheduled,
     EventBus,
     FirstToken,
@@ -34,21 +34,21 @@ from engine.events import (
     StepSummary,
     now_ns,
 )
-from engine.eviction import make_policy
-from engine.host_tier import HostTier
-from engine.infllm import InfLLMMemory
-from engine.kv_manager import KVCacheManager
-from engine.kv_storage import KVStorage
-from engine.loader import LoadedModel, load_model
-from engine.memory_budget import kv_budget_from_terms, measure_budget, predicted_kv_bytes
-from engine.model import DecoderModel
-from engine.presets import device_preset
-from engine.radix_cache import RadixCache
-from engine.request import Request, Status
-from engine.runner import ModelRunner
-from engine.sampler import SampledTokens, SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler
-from engine.sizing import kv_bytes_per_token, pool_pages, reload_cost
+from kvscope.engine.eviction import make_policy
+from kvscope.engine.host_tier import HostTier
+from kvscope.engine.infllm import InfLLMMemory
+from kvscope.engine.kv_manager import KVCacheManager
+from kvscope.engine.kv_storage import KVStorage
+from kvscope.engine.loader import LoadedModel, load_model
+from kvscope.engine.memory_budget import kv_budget_from_terms, measure_budget, predicted_kv_bytes
+from kvscope.engine.model import DecoderModel
+from kvscope.engine.presets import device_preset
+from kvscope.engine.radix_cache import RadixCache
+from kvscope.engine.request import Request, Status
+from kvscope.engine.runner import ModelRunner
+from kvscope.engine.sampler import SampledTokens, SamplingParams
+from kvscope.engine.scheduler import ScheduledBatch, Scheduler
+from kvscope.engine.sizing import kv_bytes_per_token, pool_pages, reload_cost
 
 
 class RequestOutput:
@@ -122,7 +122,7 @@ class RequestOutput:
 
 def resolve_attention_backend(config: EngineConfig) -> str:
     """``torch`` or ``triton`` for this device; a clear error when Triton cannot run here."""
-    from kernels import BackendError, resolve_backend
+    from kvscope.kernels import BackendError, resolve_backend
 
     try:
         return resolve_backend(config.attention_backend, config.device)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.device import resolve_device, resolve_weights_dtype
-from engine.errors import KvscopeError
-from engine.sizing import KV_DTYPES
+from kvscope.engine.device import resolve_device, resolve_weights_dtype
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.sizing import KV_DTYPES
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.errors import ModelLoadError
-from engine.model_config import ModelConfig
+from kvscope.engine.errors import ModelLoadError
+from kvscope.engine.model_config import ModelConfig
 
 _GGUF_TO_HF = {
     "attn_norm": "input_layernorm",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from engine.errors import ModelLoadError
+from kvscope.engine.errors import ModelLoadError
 
 
 def read_safetensors_dir(directory: Path) -> dict[str, torch.Tensor]:

@@ -63,17 +63,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.errors import KvscopeError
-from engine.events import InfLLMRetrieval, PageOffloaded, PagesAllocated, PagesFreed, now_ns
-from engine.kv_manager import OFFLOADED
-from engine.model import RotaryTable, apply_rotary
-from kernels.metadata import AttentionMetadata
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import InfLLMRetrieval, PageOffloaded, PagesAllocated, PagesFreed, now_ns
+from kvscope.engine.kv_manager import OFFLOADED
+from kvscope.engine.model import RotaryTable, apply_rotary
+from kvscope.kernels.metadata import AttentionMetadata
 
 if TYPE_CHECKING:
-    from engine.engine_config import EngineConfig
-    from engine.kv_manager import KVCacheManager
-    from engine.kv_storage import KVStorage
-    from engine.request import Request
+    from kvscope.engine.engine_config import EngineConfig
+    from kvscope.engine.kv_manager import KVCacheManager
+    from kvscope.engine.kv_storage import KVStorage
+    from kvscope.engine.request import Request
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.events import (
+from kvscope.engine.events import (
     PAGE_CACHED,
     PAGE_EVICTED,
     PAGE_FREE,
@@ -25,11 +25,11 @@ from engine.events import (
     encode_holds,
     now_ns,
 )
-from engine.host_tier import HostTier
-from engine.miss_reasons import MissSplit
-from engine.page_pool import PagePool
-from engine.prefix_cache import PrefixCache
-from engine.request import Request
+from kvscope.engine.host_tier import HostTier
+from kvscope.engine.miss_reasons import MissSplit
+from kvscope.engine.page_pool import PagePool
+from kvscope.engine.prefix_cache import PrefixCache
+from kvscope.engine.request import Request
 
 OFFLOADED = -1  # a request's logical page whose data lives in the host tier (InfLLM)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import KVPages
+from kvscope.kernels import KVPages
 
 
 class KVStorage:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from engine.errors import ModelLoadError
-from engine.model_config import ModelConfig
-from engine.tokenizer import TextCodec
+from kvscope.engine.errors import ModelLoadError
+from kvscope.engine.model_config import ModelConfig
+from kvscope.engine.tokenizer import TextCodec
 
 CACHE_VERSION = 1
 
@@ -100,7 +100,7 @@ _peeked: tuple[str, object] | None = None
 
 
 def _open_reader(path: Path):
-    from engine.gguf_file import open_gguf
+    from kvscope.engine.gguf_file import open_gguf
 
     global _peeked
     key = _cache_key(path)
@@ -111,7 +111,7 @@ def _open_reader(path: Path):
 
 
 def load_gguf(path: Path, use_cache: bool = True) -> LoadedModel:
-    from engine.gguf_file import read_fields, read_weights
+    from kvscope.engine.gguf_file import read_fields, read_weights
 
     if use_cache and path.exists():
         cached = _load_cached(path)
@@ -129,7 +129,7 @@ def load_gguf(path: Path, use_cache: bool = True) -> LoadedModel:
 
 
 def load_hf_dir(directory: Path) -> LoadedModel:
-    from engine.hf_checkpoint import read_safetensors_dir
+    from kvscope.engine.hf_checkpoint import read_safetensors_dir
 
     config = ModelConfig.from_hf_config(directory / "config.json")
     weights = read_safetensors_dir(directory)
@@ -171,7 +171,7 @@ def read_config(path: str | Path | None = None, load_format: str = "auto") -> Mo
     """
     global _peeked
     if load_format == "dummy":
-        from engine.dummy import dummy_config  # engine.dummy imports this module
+        from kvscope.engine.dummy import dummy_config  # engine.dummy imports this module
 
         return dummy_config(None if path is None else str(path))
     p = _model_path(path)
@@ -182,7 +182,7 @@ def read_config(path: str | Path | None = None, load_format: str = "auto") -> Mo
         return ModelConfig(**json.loads(meta.read_text())["config"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # no cache entry (or a stale one): read the file's header
-    from engine.gguf_file import open_gguf, read_fields
+    from kvscope.engine.gguf_file import open_gguf, read_fields
 
     reader = open_gguf(p)
     config = ModelConfig.from_gguf_fields(read_fields(reader), name=p.stem)

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.errors import KvscopeError
-from engine.model import DecoderModel
-from engine.model_config import ModelConfig
-from engine.sizing import MemoryBudget, weight_bytes
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.model import DecoderModel
+from kvscope.engine.model_config import ModelConfig
+from kvscope.engine.sizing import MemoryBudget, weight_bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,16 +13,17 @@ operations per step), built once from the Hugging Face-named weights.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from engine.engine_config import WEIGHT_DTYPES
-from engine.errors import ModelLoadError
-from engine.kv_storage import StepKV
-from engine.model_config import ModelConfig
+from kvscope.engine.engine_config import WEIGHT_DTYPES
+from kvscope.engine.errors import ModelLoadError
+from kvscope.engine.kv_storage import StepKV
+from kvscope.engine.model_config import ModelConfig
 
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -63,7 +64,7 @@ class Projection:
         elif fmt == "bf16":
             self.weight = weight.to(torch.bfloat16).contiguous()
             on_cpu = self.weight.device.type == "cpu"
-            if pack and on_cpu and torch.backends.mkldnn.is_available():
+            if pack and on_cpu and cpu_packs_bf16():
                 self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight)
                 self.packed = True
         elif fmt == "int8":
@@ -108,6 +109,13 @@ class Projection:
 
 
 _mkldnn_linear = torch.ops.mkldnn._linear_pointwise  # oneDNN's linear on a packed weight
+
+
+@functools.cache
+def cpu_packs_bf16() -> bool:
+    """Whether oneDNN's packed bf16 linear runs on this CPU: it needs AVX-512 (BW, VL, DQ)
+    or AVX-NE-CONVERT, so an AVX2-only CPU (many AMD EPYCs) keeps the plain layout."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 INT4_GROUP = 32  # Q4_1's block: a Q4_1 checkpoint's weights come back exactly on this grid
 INT4_ROWS = 16  # torch's CPU int4 packing takes out-features in multiples of 16
@@ -436,9 +444,9 @@ class DecoderModel:
         kv: StepKV | None,
     ) -> torch.Tensor:
         """The Triton path: about ten launches per layer (see bench/launch_count.py)."""
-        from kernels.triton_rmsnorm import add_rms_norm_triton
-        from kernels.triton_rope_kv import fused_write_supported, rope_kv_write_triton
-        from kernels.triton_silu import silu_mul_triton
+        from kvscope.kernels.triton_rmsnorm import add_rms_norm_triton
+        from kvscope.kernels.triton_rope_kv import fused_write_supported, rope_kv_write_triton
+        from kvscope.kernels.triton_silu import silu_mul_triton
 
         cfg = self.config
         hq, hkv, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import TypeVar
 
-from engine.errors import KvscopeError
-from engine.model_config import ModelConfig
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.model_config import ModelConfig
 
 T = TypeVar("T")
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.events import (
+from kvscope.engine.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -45,11 +45,11 @@ from engine.events import (
     PageReloaded,
     now_ns,
 )
-from engine.eviction import LRU, EvictionPolicy
-from engine.host_tier import HostTier
-from engine.miss_reasons import ROOT_CHAIN, MissReasons, MissSplit, chain_hash
-from engine.page_pool import PagePool
-from engine.prefix_cache import PrefixCache
+from kvscope.engine.eviction import LRU, EvictionPolicy
+from kvscope.engine.host_tier import HostTier
+from kvscope.engine.miss_reasons import ROOT_CHAIN, MissReasons, MissSplit, chain_hash
+from kvscope.engine.page_pool import PagePool
+from kvscope.engine.prefix_cache import PrefixCache
 
 
 @dataclass(eq=False, slots=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from engine.sampler import SamplingParams
+from kvscope.engine.sampler import SamplingParams
 
 
 class Status(enum.Enum):

@@ -35,17 +35,17 @@ from itertools import accumulate
 import numpy as np
 import torch
 
-from engine.async_step import TokenFeed
-from engine.cuda_graphs import DecodeBatch, DecodeGraphs
-from engine.infllm import InfLLMMemory
-from engine.kernel_timer import KernelSink, KernelTimer
-from engine.kv_storage import KVStorage
-from engine.model import DecoderModel
-from engine.request import Request
-from engine.staging import StagingBuffer
-from kernels import KVPages, paged_attention
-from kernels.backend import paged_attention_cost, paged_kernel_name
-from kernels.metadata import AttentionMetadata
+from kvscope.engine.async_step import TokenFeed
+from kvscope.engine.cuda_graphs import DecodeBatch, DecodeGraphs
+from kvscope.engine.infllm import InfLLMMemory
+from kvscope.engine.kernel_timer import KernelSink, KernelTimer
+from kvscope.engine.kv_storage import KVStorage
+from kvscope.engine.model import DecoderModel
+from kvscope.engine.request import Request
+from kvscope.engine.staging import StagingBuffer
+from kvscope.kernels import KVPages, paged_attention
+from kvscope.kernels.backend import paged_attention_cost, paged_kernel_name
+from kvscope.kernels.metadata import AttentionMetadata
 
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # Per kernel name: [shape, calls, seconds, FLOPs, bytes], summed over the layers of one step.

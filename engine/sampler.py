@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.errors import RequestError
+from kvscope.engine.errors import RequestError
 
 
 @dataclass(slots=True)

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from engine.engine_config import EngineConfig
-from engine.events import EventBus, RequestPreempted, RequestResumed, now_ns
-from engine.kv_manager import KVCacheManager
-from engine.request import Request, Status
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.events import EventBus, RequestPreempted, RequestResumed, now_ns
+from kvscope.engine.kv_manager import KVCacheManager
+from kvscope.engine.request import Request, Status
 
 
 @dataclass(slots=True)

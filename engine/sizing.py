@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine.errors import KvscopeError
-from engine.model_config import ModelConfig
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.model_config import ModelConfig
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from engine.errors import ModelLoadError
+from kvscope.engine.errors import ModelLoadError
 
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4

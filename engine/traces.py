@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import KvscopeError
+from kvscope.engine.errors import KvscopeError
 
 DISTRIBUTIONS = ("sharegpt", "uniform", "fixed")
 SHAREGPT_PROMPT_MEAN, SHAREGPT_OUTPUT_MEAN = 161, 338

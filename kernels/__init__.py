@@ -5,16 +5,16 @@ and backend selection with per-call timing. Imports nothing from the engine.
 
 from __future__ import annotations
 
-from kernels.backend import (
+from kvscope.kernels.backend import (
     BackendError,
     flash_attention_varlen,
     paged_attention,
     paged_decode_attention,
     resolve_backend,
 )
-from kernels.kv_quant import KVPages, dequantize, quantize
-from kernels.metadata import AttentionMetadata
-from kernels.torch_paged import paged_attention_torch
+from kvscope.kernels.kv_quant import KVPages, dequantize, quantize
+from kvscope.kernels.metadata import AttentionMetadata
+from kvscope.kernels.torch_paged import paged_attention_torch
 
 __all__ = [
     "AttentionMetadata",

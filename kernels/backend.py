@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.kv_quant import check_pages
-from kernels.metadata import AttentionMetadata
-from kernels.torch_paged import paged_attention_torch
-from kernels.torch_sdpa import varlen_attention_torch
-from kernels.triton_decode import paged_decode_triton
-from kernels.triton_kv import interpreting
-from kernels.triton_prefill import paged_prefill_triton, varlen_attention_triton
+from kvscope.kernels.kv_quant import check_pages
+from kvscope.kernels.metadata import AttentionMetadata
+from kvscope.kernels.torch_paged import paged_attention_torch
+from kvscope.kernels.torch_sdpa import varlen_attention_torch
+from kvscope.kernels.triton_decode import paged_decode_triton
+from kvscope.kernels.triton_kv import interpreting
+from kvscope.kernels.triton_prefill import paged_prefill_triton, varlen_attention_triton
 
 KernelCallback = Callable[[str, str, float, float, float], None]
 BACKENDS = ("auto", "triton", "torch")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import triton
 
-from kernels.triton_kv import interpreting
+from kvscope.kernels.triton_kv import interpreting
 
 SM90_SHARED_BYTES = 227 * 1024  # what an H100/H200 block may opt in to
 MAX_HEAD_DIM = 256

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.kv_quant import dequantize, infer_format
+from kvscope.kernels.kv_quant import dequantize, infer_format
 
 
 def attention_reference(

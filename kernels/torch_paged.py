@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.kv_quant import dequantize, infer_format
-from kernels.metadata import AttentionMetadata
-from kernels.torch_sdpa import sdpa_one
+from kvscope.kernels.kv_quant import dequantize, infer_format
+from kvscope.kernels.metadata import AttentionMetadata
+from kvscope.kernels.torch_sdpa import sdpa_one
 
 
 def _decode_gather_index(

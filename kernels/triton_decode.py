@@ -17,15 +17,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kv_quant import INT4_GROUP
-from kernels.launch_configs import (
+from kvscope.kernels.kv_quant import INT4_GROUP
+from kvscope.kernels.launch_configs import (
     DECODE_SPLIT_ALIGN,
     check_head_dim,
     decode_autotune,
     length_class,
     padded_head_dim,
 )
-from kernels.triton_kv import (
+from kvscope.kernels.triton_kv import (
     FORMAT_CODES,
     dot_config,
     kernel_view,

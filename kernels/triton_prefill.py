@@ -20,9 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kv_quant import INT4_GROUP
-from kernels.launch_configs import check_head_dim, length_class, padded_head_dim, prefill_autotune
-from kernels.triton_kv import (
+from kvscope.kernels.kv_quant import INT4_GROUP
+from kvscope.kernels.launch_configs import (
+    check_head_dim,
+    length_class,
+    padded_head_dim,
+    prefill_autotune,
+)
+from kvscope.kernels.triton_kv import (
     FORMAT_CODES,
     dot_config,
     kernel_view,

@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kv_quant import INT4_GROUP, KVPages
-from kernels.triton_kv import FORMAT_CODES, kernel_view
+from kvscope.kernels.kv_quant import INT4_GROUP, KVPages
+from kvscope.kernels.triton_kv import FORMAT_CODES, kernel_view
 
 _FP8_MAX = {1: 448.0, 2: 57344.0}
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pynvml
 
-from engine.events import EventBus, GpuSample, now_ns
+from kvscope.engine.events import EventBus, GpuSample, now_ns
 
 
 def _reading(read: Callable[[], float]) -> float:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pynvml
 
-from engine.errors import KvscopeError
-from engine.presets import device_preset
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.presets import device_preset
 
 # Dense FP16/BF16 tensor-core TFLOP/s by marketing name fragment (NVIDIA data
 # sheets, SXM parts where both exist). Longest fragment wins.

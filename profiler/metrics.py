@@ -15,10 +15,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from db import formulas
-from db.formulas import KernelStat, RunSummary, RunTotals
-from db.schema import RUNNING
-from engine.events import (
+from kvscope.db import formulas
+from kvscope.db.formulas import KernelStat, RunSummary, RunTotals
+from kvscope.db.schema import RUNNING
+from kvscope.engine.events import (
     Event,
     FirstToken,
     KernelTiming,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from engine.errors import KvscopeError
-from profiler.metrics import Histogram, LiveMetrics
+from kvscope.engine.errors import KvscopeError
+from kvscope.profiler.metrics import Histogram, LiveMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

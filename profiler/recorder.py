@@ -32,12 +32,19 @@ from typing import Any
 
 import numpy as np
 
-from db.formulas import RunSummary
-from db.queries import run_summary
-from db.schema import COMPLETE, FAILED, GPU_COLUMNS, INTERRUPTED, KERNEL_COLUMNS, STEP_COLUMNS
-from db.store import open_db
-from db.writer import Batch, EventShape, Writer, create_run
-from engine.events import (
+from kvscope.db.formulas import RunSummary
+from kvscope.db.queries import run_summary
+from kvscope.db.schema import (
+    COMPLETE,
+    FAILED,
+    GPU_COLUMNS,
+    INTERRUPTED,
+    KERNEL_COLUMNS,
+    STEP_COLUMNS,
+)
+from kvscope.db.store import open_db
+from kvscope.db.writer import Batch, EventShape, Writer, create_run
+from kvscope.engine.events import (
     PAGE_CACHED,
     PAGE_EVICTED,
     PAGE_FREE,
@@ -54,7 +61,7 @@ from engine.events import (
     StepSummary,
     now_ns,
 )
-from profiler.hardware import describe_hardware, describe_versions
+from kvscope.profiler.hardware import describe_hardware, describe_versions
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.events import (
+from kvscope.engine.events import (
     PAGE_CACHED,
     PAGE_EVICTED,
     PAGE_FREE,
@@ -42,7 +42,7 @@ from engine.events import (
     RequestScheduled,
     StepSummary,
 )
-from profiler.recorder import Recorder
+from kvscope.profiler.recorder import Recorder
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ if os.environ.get("CI"):
 
 @pytest.fixture(scope="session")
 def loaded():
-    from engine.loader import load_model
+    from kvscope.engine.loader import load_model
 
     return load_model()
 
@@ -34,8 +34,8 @@ def loaded():
 @pytest.fixture(scope="session")
 def make_engine(loaded):
     """Build engines that share the loaded weights (each has its own KV cache)."""
-    from engine.engine import Engine
-    from engine.engine_config import EngineConfig
+    from kvscope.engine.engine import Engine
+    from kvscope.engine.engine_config import EngineConfig
 
     def build(**overrides):
         return Engine(EngineConfig(**overrides), loaded=loaded)
@@ -49,7 +49,7 @@ def oracle(loaded):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from engine.loader import default_model_path
+    from kvscope.engine.loader import default_model_path
 
     path = default_model_path()
     model = AutoModelForCausalLM.from_pretrained(
@@ -63,8 +63,8 @@ def oracle(loaded):
 def synthetic_db(tmp_path_factory):
     """(db path, run id, SyntheticRun): a recorded run with known contents, with
     offload, preemptions and GPU samples (dashboard and report tests)."""
-    from app.dashboard.screenshots import DEMO_CONFIG
-    from profiler.synthetic import record_synthetic
+    from kvscope.app.dashboard.screenshots import DEMO_CONFIG
+    from kvscope.profiler.synthetic import record_synthetic
 
     path = tmp_path_factory.mktemp("synthetic") / "known.db"
     run_id, run = record_synthetic(
@@ -77,7 +77,7 @@ def synthetic_db(tmp_path_factory):
 def browser():
     """One headless Chromium per test module (Playwright's sync API allows one at a time);
     skipped, with the reason, only where Debian's chromium is absent."""
-    from app.dashboard.screenshots import CHROMIUM, launch
+    from kvscope.app.dashboard.screenshots import CHROMIUM, launch
 
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is absent (apt-get install chromium; .ci/run installs it)")

@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.alloc_sim import (
+from kvscope.engine.alloc_sim import (
     Arena,
     DoublingAllocator,
     MaxReservationAllocator,
     PagedAllocator,
     replay,
 )
-from engine.errors import KvscopeError
-from engine.traces import TraceRequest, generate_trace, read_trace
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.traces import TraceRequest, generate_trace, read_trace
 
 CAPACITY = 16384
 

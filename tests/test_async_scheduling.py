@@ -17,20 +17,25 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from page_probe import PageProbe, drive_probed, mismatches
-from test_page_truth import _record, _shared_prefix
-from test_scheduler import BYTES_PER_PAGE, TINY, tiny_engine
-from tiny_model import VOCAB
 
-from engine.async_step import LaunchedStep, feed_for
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.errors import KvscopeError
-from engine.events import EventBus
-from engine.request import Request
-from engine.runner import DecodeTable, _decode_rows
-from engine.sampler import SampledTokens, SamplingParams
-from engine.scheduler import Scheduler
+from kvscope.engine.async_step import LaunchedStep, feed_for
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import EventBus
+from kvscope.engine.request import Request
+from kvscope.engine.runner import DecodeTable, _decode_rows
+from kvscope.engine.sampler import SampledTokens, SamplingParams
+from kvscope.engine.scheduler import Scheduler
+from kvscope.engine.tiny import BYTES_PER_TOKEN, VOCAB, shared_tiny, tiny_engine
+
+from support.page_probe import (
+    PageProbe,
+    drive_probed,
+    mismatches,
+    record_probed,
+    shared_prefix_arrivals,
+)
 
 COMMON = (10, 12, 14, 23, 60)
 
@@ -126,7 +131,9 @@ def test_greedy_tokens_identical_with_stops_limits_and_shared_prefixes():
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
 def test_preemption_and_chunked_prefill_under_a_small_budget(preemption):
-    arrivals = [(0, p, {"max_tokens": n}) for _, p, n in _shared_prefix(8, 16, every=0, out=24)]
+    arrivals = [
+        (0, p, {"max_tokens": n}) for _, p, n in shared_prefix_arrivals(8, 16, every=0, out=24)
+    ]
     arrivals += [(3, [7] * 45, {"max_tokens": 9, "stop": ["t11"]})]
     # No sequence cap: the nine requests queue for pages, not for seats.
     config = {"preemption": preemption, "max_batched_tokens": 16}
@@ -150,10 +157,10 @@ def test_drawn_rows_fall_back_to_the_serial_path():
 
 
 def test_the_recording_stays_true_at_every_step(tmp_path):
-    run_id, probe, kinds = _record(
+    run_id, probe, kinds = record_probed(
         tmp_path / "r.db",
         lambda bus: tiny_engine(22, bus=bus, async_scheduling="on"),
-        _shared_prefix(8, prefix_len=16, every=1, out=12),
+        shared_prefix_arrivals(8, prefix_len=16, every=1, out=12),
     )
     assert kinds.get("request_preempted", 0) > 0
     assert len(probe.truth) > 10
@@ -267,14 +274,14 @@ def test_the_option():
     with pytest.raises(KvscopeError, match="async scheduling must be one of auto, on, off"):
         EngineConfig(async_scheduling="yes")
     config = EngineConfig(
-        async_scheduling="on", kv_budget_bytes=64 * 4 * BYTES_PER_PAGE, page_size=4
+        async_scheduling="on", kv_budget_bytes=64 * 4 * BYTES_PER_TOKEN, page_size=4
     )
-    assert Engine(config, loaded=TINY).async_scheduling
+    assert Engine(config, loaded=shared_tiny()).async_scheduling
 
 
 def test_the_flag(capsys):
-    from app.cli import build_parser, main
-    from app.engine_options import engine_config_from_args
+    from kvscope.app.cli import build_parser, main
+    from kvscope.app.engine_options import engine_config_from_args
 
     assert main(["generate", "--async-scheduling", "sometimes", "hi"]) == 2
     err = capsys.readouterr().err
@@ -287,7 +294,7 @@ def test_the_flag(capsys):
 
 @pytest.mark.slow
 def test_real_model_async_matches_serial_and_transformers(make_engine, oracle):
-    from test_oracle import CHAT, PLAIN
+    from support.prompts import CHAT, PLAIN
 
     def run(mode: str, params: list[SamplingParams]) -> tuple[list, Engine]:
         engine = make_engine(async_scheduling=mode)
@@ -379,7 +386,7 @@ def test_a_queue_under_a_small_budget_matches_serial_and_stays_true(tmp_path):
     assert any(e.kind == "request_preempted" for e in events)
     assert engine.decode_steps_ahead > engine.decode_steps // 2
     _assert_clean_end(engine, events, ahead)
-    run_id, probe, kinds = _record(
+    run_id, probe, kinds = record_probed(
         tmp_path / "r.db",
         lambda bus: tiny_engine(30, bus=bus, async_scheduling="on", **config),
         [(at, prompt, kw["max_tokens"]) for at, prompt, kw in arrivals],

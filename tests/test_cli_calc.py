@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app.cli import main
+from kvscope.app.cli import main
 
 GIB = 1 << 30
 LLAMA_ON_80 = [
@@ -353,7 +353,7 @@ def test_cliff_chart_labels_sit_on_their_lines_on_log_axes(capsys):
     """plotly reads annotation positions on log axes as log10: the labels must be converted."""
     import math
 
-    from app.cliff import cliff_figure
+    from kvscope.app.cliff import cliff_figure
 
     assert main(["calc", "cliff", "--preset", "llama3-8b", "--device", "h100-80", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from app.cli import COMMANDS, main
-from app.commands.run import RUN_KV_BUDGET
-from app.engine_options import parse_size
+from kvscope.app.cli import COMMANDS, main
+from kvscope.app.commands.run import RUN_KV_BUDGET
+from kvscope.app.engine_options import parse_size
 
 NO_MODEL = "/nonexistent/kvscope-conventions.gguf"
 
@@ -80,7 +80,7 @@ def test_tui_without_a_terminal_says_it_needs_one(capsys, synthetic_db):
 
 
 def test_info_describes_the_pool_run_starts_with():
-    from app.cli import build_parser
+    from kvscope.app.cli import build_parser
 
     parser = build_parser()
     info = parser.parse_args(["info"])
@@ -107,7 +107,7 @@ def test_report_json_to_stdout_and_csv_says_it_is_a_directory(
 
 
 def test_eval_defaults_to_runs_pool_grown_for_its_longest_case():
-    from app.cli import build_parser
+    from kvscope.app.cli import build_parser
 
     args = build_parser().parse_args(["eval", "passkey"])
     assert args.kv_budget is None  # eval sizes run's 24 MiB pool to its longest case

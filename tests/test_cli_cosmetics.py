@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import build_parser
-from app.dashboard import figures, infllm_figures, layout
+from kvscope.app.cli import build_parser
+from kvscope.app.dashboard import figures, infllm_figures, layout
 
 ROOT = Path(__file__).resolve().parents[1]
 

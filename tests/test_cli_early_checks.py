@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from app.cli import main
+from kvscope.app.cli import main
 
 NO_MODEL = "/nonexistent/kvscope-early.gguf"
 DUMMY = ["--model", "preset:smollm2-135m", "--load-format", "dummy"]
@@ -81,7 +81,7 @@ def test_a_budget_without_room_for_two_pages_is_refused_before_the_model_loads(
 def test_a_budget_is_checked_against_a_gguf_models_header(capsys, tmp_path, monkeypatch):
     """The default GGUF model, its conversion not cached: the header says the shape, and
     the load that follows reuses the reader that read it."""
-    from engine import loader
+    from kvscope.engine import loader
 
     monkeypatch.setenv("KVSCOPE_CACHE", str(tmp_path / "cache"))
     err = refused(capsys, ["generate", "hi", "--kv-budget", "10"])

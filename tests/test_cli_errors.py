@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 
 import pytest
 
-from app.cli import main
-from engine.loader import default_model_path
+from kvscope.app.cli import main
+from kvscope.engine.loader import default_model_path
+
+from support.installed import KVSCOPE
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -95,9 +95,8 @@ def test_too_long_prompts_refused_others_answered(capsys):
 
 def test_bad_kv_budget_flag_is_one_line():
     # argparse errors go through the real executable: usage + one error line, exit 2.
-    exe = shutil.which("kvscope") or f"{sys.executable} -m app.cli"
     proc = subprocess.run(
-        [*exe.split(), "info", "--kv-budget", "lots"], capture_output=True, text=True
+        [KVSCOPE, "info", "--kv-budget", "lots"], capture_output=True, text=True
     )
     assert proc.returncode == 2
     assert "invalid size 'lots'" in proc.stderr and "Traceback" not in proc.stderr
@@ -171,21 +170,21 @@ def test_unwritable_db(capsys, tmp_path):
 
 
 def test_a_command_module_that_fails_to_import_raises_its_real_error(monkeypatch, tmp_path):
-    import app.cli
-    import app.commands
+    import kvscope.app.cli as cli
+    import kvscope.app.commands as commands
 
     (tmp_path / "broken.py").write_text("import kvscope_no_such_dependency\n")
-    monkeypatch.setattr(app.commands, "__path__", [*app.commands.__path__, str(tmp_path)])
-    monkeypatch.setattr(app.cli, "COMMANDS", (*app.cli.COMMANDS, "broken"))
+    monkeypatch.setattr(commands, "__path__", [*commands.__path__, str(tmp_path)])
+    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, "broken"))
     with pytest.raises(ModuleNotFoundError) as exc:
-        app.cli.build_parser()
+        cli.build_parser()
     assert exc.value.name == "kvscope_no_such_dependency"
 
 
 def test_a_listed_command_without_a_module_is_not_skipped(monkeypatch):
-    import app.cli
+    import kvscope.app.cli as cli
 
-    monkeypatch.setattr(app.cli, "COMMANDS", (*app.cli.COMMANDS, "ghost"))
+    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, "ghost"))
     with pytest.raises(ModuleNotFoundError) as exc:
-        app.cli.build_parser()
-    assert exc.value.name == "app.commands.ghost"
+        cli.build_parser()
+    assert exc.value.name == "kvscope.app.commands.ghost"

@@ -1,6 +1,6 @@
 """Every subcommand's numeric and text inputs, given hostile values: one error line or a success.
 
-Each case runs in-process through ``app.cli.main``. Commands that load a model
+Each case runs in-process through ``kvscope.app.cli.main``. Commands that load a model
 are pointed at a model file that does not exist, so a value the checks let
 through ends at "model file not found" (one line, exit 2) instead of a load:
 no case here loads a model, and a bad value must be refused before that line.
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from sqlite_utils import Database
 
-from app.cli import COMMANDS, main
-from db.migrations import migrate
-from db.store import open_db
+from kvscope.app.cli import COMMANDS, main
+from kvscope.db.migrations import migrate
+from kvscope.db.store import open_db
 
 NO_MODEL = "/nonexistent/kvscope-fuzz.gguf"
 NOT_FOUND = "model file not found"
@@ -274,9 +274,9 @@ def test_watch_numeric_flags(tmp_path):
 )
 def test_sizing_page_callback_shows_bad_input_on_the_page(inputs, tmp_path):
     """The Sizing page's callback answers every input with a page, never ends the server."""
-    from dash_callbacks import call as call_callback
+    from kvscope.app.dashboard.server import create_app
 
-    from app.dashboard.server import create_app
+    from support.dash_callbacks import call as call_callback
 
     path = tmp_path / "d.db"
     open_db(path).conn.close()

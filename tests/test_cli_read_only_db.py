@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.installed import KVSCOPE
+
 # An unprivileged user who may read (and search) every file, as the checkout's Python
 # under /root needs, but writes nothing it does not own: a read-only database, for real.
 NOBODY = [
@@ -36,14 +35,13 @@ def read_only_copy(synthetic_db, tmp_path):
 
 
 def as_nobody(*argv: str) -> subprocess.CompletedProcess:
-    code = "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run(
-        [*NOBODY, sys.executable, "-c", code, *argv],
+        [*NOBODY, KVSCOPE, *argv],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd="/",
         timeout=120,
-        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": str(ROOT)},
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
     )
 
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 import io
 
 import pytest
-from tiny_model import tiny_loaded
 
-import engine.engine as engine_module
-from app.commands.run import FIT_LONGEST, workload_kv_bytes
-from app.progress import Progress, duration_text, loading_model
-from app.workloads import WorkItem
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.errors import KvscopeError
-from engine.sizing import pool_pages
+import kvscope.engine.engine as engine_module
+from kvscope.app.commands.run import FIT_LONGEST, workload_kv_bytes
+from kvscope.app.progress import Progress, duration_text, loading_model
+from kvscope.app.workloads import WorkItem
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.sizing import pool_pages
+from kvscope.engine.tiny import tiny_loaded
 
 CONTEXT = 512  # the tiny model's
 
@@ -53,8 +53,8 @@ def test_progress_lines_say_how_far_and_how_long():
 
 
 def test_infllm_host_tier_holds_the_distant_context_unless_given():
-    from app.cli import build_parser
-    from app.engine_options import engine_config_from_args
+    from kvscope.app.cli import build_parser
+    from kvscope.app.engine_options import engine_config_from_args
 
     parser = build_parser()
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import functools
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from profiler.watch.recorder import WatchRecorder
+from kvscope.app.cli import main
+from kvscope.profiler.watch.recorder import WatchRecorder
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.installed import KVSCOPE
 
 
 def refused(capsys, argv: list[str], *fragments: str) -> str:
@@ -93,7 +92,7 @@ def test_watch_refuses_a_dp_size_past_the_port_range_at_once(tmp_path):
     db = tmp_path / "w.db"
     argv = ["watch", str(db), "--source", "ipc:///tmp/kvscope-x", "--dp-size", "100000000"]
     proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+        [KVSCOPE, *argv], cwd=tmp_path, capture_output=True, text=True,
         timeout=120, preexec_fn=limit_memory,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -179,12 +178,12 @@ def test_report_refuses_empty_and_dash_outputs(capsys, tmp_path, two_runs, monke
 def test_report_checks_its_output_before_building(capsys, tmp_path, two_runs, monkeypatch):
     """A directory given as the file, or a path under a file, is refused before the report
     is built; a failed write names the file (json and mooncake had said only the reason)."""
-    import app.report.html
+    import kvscope.app.report.html as html_report
 
     def never(*_):
         raise AssertionError("built a report it could not write")
 
-    monkeypatch.setattr(app.report.html, "build_html", never)
+    monkeypatch.setattr(html_report, "build_html", never)
     (tmp_path / "file").write_text("x")
     base = ["report", str(two_runs), "--run", "1"]
     refused(capsys, [*base, "-o", str(tmp_path)], "it is a directory")
@@ -243,12 +242,12 @@ def test_simulate_records_every_step_of_a_long_simulation(capsys, tmp_path, monk
     """The recorder is not started for a simulation, so its queue (200,000 events) had
     filled and dropped the rest: 614,261 of 814,260 steps at 20,000 requests. Here the
     queue is made small to see it at 40 requests."""
-    import app.sim_record
-    from db import queries
-    from profiler.recorder import Recorder
+    import kvscope.app.sim_record as sim_record
+    from kvscope.db import queries
+    from kvscope.profiler.recorder import Recorder
 
-    monkeypatch.setattr(app.sim_record, "Recorder", functools.partial(Recorder, max_queue=300))
-    monkeypatch.setattr(app.sim_record, "WRITE_EVERY", 100)
+    monkeypatch.setattr(sim_record, "Recorder", functools.partial(Recorder, max_queue=300))
+    monkeypatch.setattr(sim_record, "WRITE_EVERY", 100)
     db = tmp_path / "sim.db"
     assert main(["simulate", "--requests", "40", "--db", str(db), "--json"]) == 0
     capsys.readouterr()

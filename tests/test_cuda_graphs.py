@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from engine.cuda_graphs import DecodeGraphs, bucket_for, decode_buckets
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.runner import prefill_warmup_lengths
-from engine.sampler import SamplingParams
-from tests.tiny_model import tiny_loaded
+from kvscope.engine.cuda_graphs import DecodeGraphs, bucket_for, decode_buckets
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.runner import prefill_warmup_lengths
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.tiny import tiny_loaded
 
 
 def test_buckets_follow_nano_vllm_and_end_at_max_num_seqs():

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from db.checkpointer import Checkpointer
-from db.watch_schema import OP_STORED
-from db.watch_writer import WatchBatch, WatchWriter
-from tests.watch.watch_helpers import new_watch_run, wait_until
+from kvscope.db.checkpointer import Checkpointer
+from kvscope.db.watch_schema import OP_STORED
+from kvscope.db.watch_writer import WatchBatch, WatchWriter
+
+from support.watch_helpers import new_watch_run, wait_until
 
 
 @contextmanager

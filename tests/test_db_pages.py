@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.dashboard import figures
-from app.tui.page_grid import plan_grid
-from db.pages import (
+from kvscope.app.dashboard import figures
+from kvscope.app.tui.page_grid import plan_grid
+from kvscope.db.pages import (
     PAGE_CLASSES,
     class_counts,
     dominant_owners,
@@ -15,8 +15,8 @@ from db.pages import (
     page_map_at,
     page_maps,
 )
-from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
-from profiler.synthetic import record_synthetic
+from kvscope.engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
+from kvscope.profiler.synthetic import record_synthetic
 
 PAGES = 100_000
 

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from db import queries
-from db.schema import COMPLETE, INCOMPLETE, RUNNING
-from db.series import busiest_step
-from db.source import run_origin
-from engine.errors import KvscopeError
-from engine.events import PAGE_FREE, PageMap, PagesAllocated, PagesFreed, StepSummary
-from profiler.recorder import Recorder
-from profiler.synthetic import SyntheticRun, record_synthetic
+from kvscope.db import queries
+from kvscope.db.schema import COMPLETE, INCOMPLETE, RUNNING
+from kvscope.db.series import busiest_step
+from kvscope.db.source import run_origin
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import PAGE_FREE, PageMap, PagesAllocated, PagesFreed, StepSummary
+from kvscope.profiler.recorder import Recorder
+from kvscope.profiler.synthetic import SyntheticRun, record_synthetic
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_run_summary_equals_the_runs_own_counters(recorded) -> None:
 
 
 def _conn(path: Path):
-    from db.store import open_db
+    from kvscope.db.store import open_db
 
     return open_db(path, create=False).conn
 

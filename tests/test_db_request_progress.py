@@ -7,13 +7,13 @@ import threading
 
 import pytest
 
-from app.run_job import drive
-from app.workloads import builtin
-from db.requests import request_progress
-from db.source import Position
-from db.store import open_db
-from engine.events import RequestFinished
-from profiler.recorder import Recorder
+from kvscope.app.run_job import drive
+from kvscope.app.workloads import builtin
+from kvscope.db.requests import request_progress
+from kvscope.db.source import Position
+from kvscope.db.store import open_db
+from kvscope.engine.events import RequestFinished
+from kvscope.profiler.recorder import Recorder
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from profiler.synthetic import record_synthetic
+from kvscope.app.cli import main
+from kvscope.profiler.synthetic import record_synthetic
 
 
 def test_runs_lists_newest_first_as_table_and_json(tmp_path: Path, capsys) -> None:
@@ -38,7 +38,7 @@ def test_runs_uses_kvscope_db_by_default(tmp_path: Path, monkeypatch, capsys) ->
 
 
 def test_empty_database(tmp_path: Path, capsys) -> None:
-    from db.store import open_db
+    from kvscope.db.store import open_db
 
     open_db(tmp_path / "empty.db").conn.close()
     assert main(["runs", "--db", str(tmp_path / "empty.db")]) == 0
@@ -80,8 +80,8 @@ def test_runs_takes_the_database_positionally_or_with_db(tmp_path: Path, capsys)
 def test_every_database_command_takes_db_positionally_or_as_an_option(
     command: str, monkeypatch, tmp_path: Path
 ) -> None:
-    from app.cli import build_parser
-    from app.db_argument import db_path
+    from kvscope.app.cli import build_parser
+    from kvscope.app.db_argument import db_path
 
     parser = build_parser()
     monkeypatch.setenv("KVSCOPE_DB", str(tmp_path / "env.db"))
@@ -104,8 +104,8 @@ def test_every_database_command_takes_db_positionally_or_as_an_option(
 def test_workload_commands_take_db_as_an_option_with_the_same_default(
     argv: list[str], expected: str, monkeypatch
 ) -> None:
-    from app.cli import build_parser
-    from app.db_argument import db_path
+    from kvscope.app.cli import build_parser
+    from kvscope.app.db_argument import db_path
 
     monkeypatch.delenv("KVSCOPE_DB", raising=False)
     args = build_parser().parse_args(argv)
@@ -128,8 +128,8 @@ def test_a_run_whose_config_is_not_json_is_one_error_line(tmp_path: Path, capsys
     traceback in runs, report and replay; it names the run and the column."""
     import sqlite3
 
-    from db.store import open_db
-    from db.writer import create_run
+    from kvscope.db.store import open_db
+    from kvscope.db.writer import create_run
 
     path = tmp_path / "k.db"
     db = open_db(path)
@@ -157,7 +157,7 @@ def test_reading_commands_leave_an_empty_file_empty(
     """``runs``, ``report`` and ``dash`` had written a kvscope schema into a 0-byte file
     (a typo, a ``touch``) and then called it a database without runs."""
     if command == "dash":  # a dashboard that did start returns at once, and the test fails
-        from app.dashboard.server import Server
+        from kvscope.app.dashboard.server import Server
 
         monkeypatch.setattr(Server, "serve_forever", lambda self: None)
     path = tmp_path / "empty.db"

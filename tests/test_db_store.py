@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from db import queries
-from db.migrations import SCHEMA_VERSION, migrate, schema_version
-from db.schema import (
+from kvscope.db import queries
+from kvscope.db.migrations import SCHEMA_VERSION, migrate, schema_version
+from kvscope.db.schema import (
     APPLICATION_ID,
     GPU_COLUMNS,
     INCOMPLETE,
@@ -18,9 +18,9 @@ from db.schema import (
     PAGE_MAP_COLUMNS,
     STEP_COLUMNS,
 )
-from db.store import open_db
-from engine.errors import KvscopeError
-from engine.events import GpuSample, KernelTiming, StepSummary
+from kvscope.db.store import open_db
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import GpuSample, KernelTiming, StepSummary
 
 
 def test_new_database_is_wal_current_and_marked(tmp_path: Path) -> None:

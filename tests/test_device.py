@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.cli import main
-from engine.device import cpu_has_native_bf16, resolve_device, resolve_weights_dtype
-from engine.engine_config import EngineConfig
-from engine.errors import KvscopeError
+from kvscope.app.cli import main
+from kvscope.engine.device import cpu_has_native_bf16, resolve_device, resolve_weights_dtype
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.errors import KvscopeError
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA paths")
 
@@ -60,9 +60,9 @@ def test_cpu_bf16_detection_reads_the_flags_line(tmp_path, flags, native):
 def test_weights_dtype_auto_is_bf16_on_cuda_and_follows_the_cpu_elsewhere(monkeypatch):
     assert resolve_weights_dtype("auto", "cuda:0") == "bf16"
     assert resolve_weights_dtype("int8", "cpu") == "int8"
-    monkeypatch.setattr("engine.device.cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr("kvscope.engine.device.cpu_has_native_bf16", lambda: False)
     assert resolve_weights_dtype("auto", "cpu") == "fp32"
-    monkeypatch.setattr("engine.device.cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr("kvscope.engine.device.cpu_has_native_bf16", lambda: True)
     assert resolve_weights_dtype("auto", "cpu") == "bf16"
     assert EngineConfig(weights_dtype="auto").weights_dtype == "bf16"
 
@@ -72,7 +72,7 @@ def test_the_engine_config_keeps_fp32_as_its_default_for_the_oracle_tests():
 
 
 def test_run_and_generate_default_to_auto_device_and_weights():
-    from app.cli import build_parser
+    from kvscope.app.cli import build_parser
 
     for argv in (["generate", "hi"], ["run", "--headless"]):
         args = build_parser().parse_args(argv)
@@ -80,8 +80,8 @@ def test_run_and_generate_default_to_auto_device_and_weights():
 
 
 def test_engine_flags_reach_the_engine_config():
-    from app.cli import build_parser
-    from app.engine_options import engine_config_from_args
+    from kvscope.app.cli import build_parser
+    from kvscope.app.engine_options import engine_config_from_args
 
     argv = ["run", "--headless", "--device", "cpu", "--enforce-eager", "--load-format", "dummy"]
     argv += ["--model", "preset:smollm2-135m", "--weights-dtype", "fp32"]

@@ -8,16 +8,16 @@ import dataclasses
 import pytest
 import torch
 
-from engine.dummy import byte_codec, dummy_config, dummy_weights, load_dummy
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.errors import KvscopeError, ModelLoadError
-from engine.events import EventBus, MemoryBudgetMeasured
-from engine.loader import LoadedModel, load_model
-from engine.memory_budget import estimate_activation_bytes
-from engine.model_config import ModelConfig
-from engine.presets import model_preset
-from engine.sampler import SamplingParams
+from kvscope.engine.dummy import byte_codec, dummy_config, dummy_weights, load_dummy
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.errors import KvscopeError, ModelLoadError
+from kvscope.engine.events import EventBus, MemoryBudgetMeasured
+from kvscope.engine.loader import LoadedModel, load_model
+from kvscope.engine.memory_budget import estimate_activation_bytes
+from kvscope.engine.model_config import ModelConfig
+from kvscope.engine.presets import model_preset
+from kvscope.engine.sampler import SamplingParams
 
 TINY = ModelConfig(
     architecture="qwen2",
@@ -157,8 +157,8 @@ def test_a_budget_that_leaves_nothing_for_the_kv_cache_is_a_clear_error():
 @pytest.mark.parametrize("tied", [True, False])
 def test_stored_weight_bytes_are_what_the_built_model_holds(weights_dtype, tied):
     """``info`` counts a dummy model's bytes from its shape; they must be the built model's."""
-    from engine.dummy import stored_weight_bytes
-    from engine.model import DecoderModel
+    from kvscope.engine.dummy import stored_weight_bytes
+    from kvscope.engine.model import DecoderModel
 
     config = dataclasses.replace(TINY, tie_embeddings=tied)
     model = DecoderModel(config, dummy_weights(config), weights_dtype, "cpu")
@@ -168,8 +168,8 @@ def test_stored_weight_bytes_are_what_the_built_model_holds(weights_dtype, tied)
 def test_int4_refuses_out_features_its_packing_cannot_hold():
     """torch packs int4 rows in sixteens: a fused q/k/v of 40 rows (8 heads of 4, one kv
     head) had raised a bare RuntimeError from the packing, and ``info`` had counted it."""
-    from engine.dummy import stored_weight_bytes
-    from engine.model import DecoderModel
+    from kvscope.engine.dummy import stored_weight_bytes
+    from kvscope.engine.model import DecoderModel
 
     config = dataclasses.replace(TINY, num_q_heads=8, num_kv_heads=1, head_dim=4)
     message = "int4 weights need out-features divisible by 16, got 40"
@@ -182,9 +182,9 @@ def test_int4_refuses_out_features_its_packing_cannot_hold():
 
 @pytest.mark.parametrize("weights_dtype", ["fp32", "bf16"])
 def test_info_on_dummy_weights_prints_what_the_built_engine_would(weights_dtype):
-    from app.cli import build_parser
-    from app.commands.info import _from_engine, _from_shape
-    from app.engine_options import engine_config_from_args
+    from kvscope.app.cli import build_parser
+    from kvscope.app.commands.info import _from_engine, _from_shape
+    from kvscope.app.engine_options import engine_config_from_args
 
     argv = ["info", "--model", "preset:smollm2-135m", "--load-format", "dummy"]
     args = build_parser().parse_args([*argv, "--weights-dtype", weights_dtype])
@@ -198,7 +198,7 @@ def test_info_describes_a_large_dummy_model_without_drawing_it(capsys):
     import json
     import time
 
-    from app.cli import main
+    from kvscope.app.cli import main
 
     started = time.monotonic()
     argv = ["info", "--model", "preset:llama3-8b", "--load-format", "dummy", "--device", "cpu"]

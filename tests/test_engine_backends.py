@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from engine.sampler import SamplingParams
-from engine.sizing import KV_DTYPES
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.sizing import KV_DTYPES
+
+from support.installed import KVSCOPE
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +27,7 @@ PROMPTS = ["The capital of France is", "Water boils at"]
 def _generate(backend: str, env: dict[str, str]) -> list[list[int]]:
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "app.cli",
+            KVSCOPE,
             "generate",
             *PROMPTS,
             "--max-tokens",
@@ -55,7 +54,7 @@ def test_triton_backend_matches_torch():
 
 def test_triton_without_cuda_refuses_clearly():
     proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "generate", "hi", "--attention-backend", "triton"],
+        [KVSCOPE, "generate", "hi", "--attention-backend", "triton"],
         capture_output=True,
         text=True,
         env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
@@ -75,7 +74,7 @@ MIN_TOP1 = {"fp16": 0.98, "bf16": 0.95, "fp8_e4m3": 0.9, "int8": 0.95, "fp8_e5m2
 
 @pytest.fixture(scope="module")
 def text_ids(loaded):
-    from app.workloads import DOCUMENT, SYSTEM_PROMPT
+    from kvscope.app.workloads import DOCUMENT, SYSTEM_PROMPT
 
     return loaded.codec.encode(SYSTEM_PROMPT + " " + DOCUMENT)[:200]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.workloads import SYSTEM_PROMPT
-from engine.events import EventBus
-from engine.sampler import SamplingParams
+from kvscope.app.workloads import SYSTEM_PROMPT
+from kvscope.engine.events import EventBus
+from kvscope.engine.sampler import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from tiny_model import tiny_loaded
 
-from app.cli import main
-from app.evals.compare import Comparison
-from app.evals.corpus import long_text_ids
-from app.evals.passkey import build_case
-from engine.engine_config import EngineConfig
+from kvscope.app.cli import main
+from kvscope.app.evals.compare import Comparison
+from kvscope.app.evals.corpus import long_text_ids
+from kvscope.app.evals.passkey import build_case
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.tiny import tiny_loaded
 
 INFLLM = dict(
     page_size=4,

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import json
 
-from app.cli import main
-from db.queries import run_summary
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.events import EventBus
-from engine.replay.driver import ReplayConfig, ReplayDriver
-from engine.replay.traces import read_replay_trace
-from engine.sampler import SamplingParams
-from profiler.recorder import Recorder
-from tests.tiny_model import tiny_loaded
+from kvscope.app.cli import main
+from kvscope.db.queries import run_summary
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.events import EventBus
+from kvscope.engine.replay.driver import ReplayConfig, ReplayDriver
+from kvscope.engine.replay.traces import read_replay_trace
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.tiny import tiny_loaded
+from kvscope.profiler.recorder import Recorder
 
 SHARED = list(range(1, 13))  # three pages of 4 tokens every prompt starts with
 PROMPTS = [SHARED + [20 + 5 * i + j for j in range(5)] for i in range(4)]  # 17 tokens each

@@ -11,9 +11,9 @@ import struct
 
 import pytest
 
-from app.dashboard.screenshots import CHROMIUM
-from app.screenshots import gpu_pictures, main
-from profiler.synthetic import record_synthetic
+from kvscope.app.dashboard.screenshots import CHROMIUM
+from kvscope.app.screenshots import gpu_pictures, main
+from kvscope.profiler.synthetic import record_synthetic
 
 pytestmark = pytest.mark.browser
 

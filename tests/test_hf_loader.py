@@ -13,10 +13,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.errors import ModelLoadError
-from engine.loader import load_model
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.errors import ModelLoadError
+from kvscope.engine.loader import load_model
 
 
 def _save_tokenizer(path, vocab_size: int) -> None:
@@ -96,7 +96,7 @@ GOOD_SHAPE = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_head
 def test_a_size_that_is_no_whole_number_is_named(tmp_path, field, value):
     """2.5 or true had been taken as 2 or 1, and 0 heads had been 'integer division or
     modulo by zero'; the field and its value are named instead."""
-    from engine.model_config import ModelConfig
+    from kvscope.engine.model_config import ModelConfig
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(GOOD_SHAPE))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.host_tier import HostTier, runs
+from kvscope.engine.host_tier import HostTier, runs
 
 
 def _pool(layers: int = 3, pages: int = 8) -> list[torch.Tensor]:
@@ -70,14 +70,14 @@ def test_the_kv_manager_does_not_import_infllm():
     import subprocess
     import sys
 
-    code = "import sys, engine.kv_manager; print('engine.infllm' in sys.modules)"
+    code = "import sys, kvscope.engine.kv_manager; print('kvscope.engine.infllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_the_replay_slot_tier_moves_batches_without_tensors():
     """The KV manager swaps through store_many/load_many; a replay's tier has no tensors."""
-    from engine.replay.host import SlotTier
+    from kvscope.engine.replay.host import SlotTier
 
     tier = SlotTier(4, page_copy_s=0.5)
     slots, seconds = tier.store_many([7, 8, 9])

@@ -7,16 +7,16 @@ import sqlite3
 
 import pytest
 import torch
-from tiny_model import VOCAB, tiny_loaded
 
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.errors import KvscopeError
-from engine.events import EventBus, InfLLMRetrieval
-from engine.infllm import OFFLOADED, RequestMemory
-from engine.model import apply_rotary
-from engine.sampler import SamplingParams
-from profiler.recorder import Recorder
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import EventBus, InfLLMRetrieval
+from kvscope.engine.infllm import OFFLOADED, RequestMemory
+from kvscope.engine.model import apply_rotary
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.tiny import VOCAB, tiny_loaded
+from kvscope.profiler.recorder import Recorder
 
 PAGE = 4
 INFLLM = dict(

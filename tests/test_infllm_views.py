@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from infllm_recording import record_infllm
 
-from app.dashboard.infllm_figures import MIB, block_heatmap, resident_bytes_figure
-from db.infllm import retrievals
-from engine.events import InfLLMRetrieval
+from kvscope.app.dashboard.infllm_figures import MIB, block_heatmap, resident_bytes_figure
+from kvscope.db.infllm import retrievals
+from kvscope.engine.events import InfLLMRetrieval
+
+from support.infllm_recording import record_infllm
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from engine.kernel_timer import KernelTimer
+from kvscope.engine.kernel_timer import KernelTimer
 
 
 class FakeEvent:

@@ -12,7 +12,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "bench"))
 
 import launch_count  # noqa: E402
 
-from engine.presets import model_preset  # noqa: E402
+from kvscope.engine.presets import model_preset  # noqa: E402
 
 # The fused path: add+RMSNorm x2, QKV, RoPE+KV write, decode split + merge, O,
 # gate-up, SiLU*mul, down. Llama-3-8B's layer shape at a tiny width (counts don't

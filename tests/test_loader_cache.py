@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import loader
+from kvscope.engine import loader
 
 pytestmark = pytest.mark.slow
 

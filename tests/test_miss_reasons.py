@@ -16,19 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from app.tui.requests_table import COLUMNS, field_value, row_cells
-from db.miss_reasons import miss_line, request_miss_reasons, run_miss_reasons
-from db.requests import requests_at, requests_table
-from db.source import Position, connection
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.events import EventBus, PrefixLookup, PrefixMiss
-from engine.miss_reasons import ROOT_CHAIN, MissReasons, chain_hash
-from engine.replay.driver import ReplayConfig, ReplayDriver, prepare
-from engine.replay.traces import read_replay_trace
-from engine.sampler import SamplingParams
-from profiler.recorder import Recorder
-from tests.tiny_model import tiny_loaded
+from kvscope.app.tui.requests_table import COLUMNS, field_value, row_cells
+from kvscope.db.miss_reasons import miss_line, request_miss_reasons, run_miss_reasons
+from kvscope.db.requests import requests_at, requests_table
+from kvscope.db.source import Position, connection
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.events import EventBus, PrefixLookup, PrefixMiss
+from kvscope.engine.miss_reasons import ROOT_CHAIN, MissReasons, chain_hash
+from kvscope.engine.replay.driver import ReplayConfig, ReplayDriver, prepare
+from kvscope.engine.replay.traces import read_replay_trace
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.tiny import tiny_loaded
+from kvscope.profiler.recorder import Recorder
 
 BYTES_PER_TOKEN = 2 * 2 * 8 * 2 * 4  # K+V x kv_heads x head_dim x layers x fp32
 A = list(range(1, 11))

@@ -6,11 +6,10 @@ on the engine's thread and ~20 kB in the database, so CUDA runs space them in ti
 
 from __future__ import annotations
 
-from test_scheduler import tiny_engine
-
-from engine.engine_config import EngineConfig
-from engine.events import EventBus, PageMap
-from engine.sampler import SamplingParams
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.events import EventBus, PageMap
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.tiny import tiny_engine
 
 
 def _snapshot_steps(interval_s: float) -> tuple[list[int], int]:

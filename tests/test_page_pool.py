@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.page_pool import OutOfPages, PagePool
+from kvscope.engine.page_pool import OutOfPages, PagePool
 
 
 @settings(max_examples=200, deadline=None)

@@ -17,39 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from infllm_recording import infllm_config
-from page_probe import PageProbe, drive_probed, mismatches
-from test_scheduler import tiny_engine
-from tiny_model import VOCAB, tiny_loaded
 
-from db.page_states import STATE_CACHED, STATE_SHARED
-from db.pages import step_pages
-from engine.engine import Engine
-from engine.events import EventBus
-from profiler.recorder import Recorder
+from kvscope.db.page_states import STATE_CACHED, STATE_SHARED
+from kvscope.db.pages import step_pages
+from kvscope.engine.engine import Engine
+from kvscope.engine.tiny import VOCAB, tiny_engine, tiny_loaded
+from kvscope.profiler.recorder import Recorder
 
-
-def _record(path: Path, engine_for_bus, arrivals) -> tuple[int, PageProbe, dict[str, int]]:
-    bus = EventBus()
-    kinds: dict[str, int] = {}
-    bus.subscribe(lambda e: kinds.__setitem__(e.kind, kinds.get(e.kind, 0) + 1))
-    engine = engine_for_bus(bus)
-    recorder = Recorder(path, {"test": True}, model="tiny")
-    bus.subscribe(recorder.on_event)
-    recorder.start()
-    probe = PageProbe(engine)
-    drive_probed(engine, probe, arrivals)
-    recorder.finish("complete")
-    return recorder.run_id, probe, kinds
-
-
-def _shared_prefix(n: int, prefix_len: int = 24, seed: int = 0, every: int = 1, out: int = 8):
-    rng = random.Random(seed)
-    prefix = [rng.randrange(1, VOCAB) for _ in range(prefix_len)]
-    return [
-        (i * every, prefix + [rng.randrange(1, VOCAB) for _ in range(3 + i % 5)], out)
-        for i in range(n)
-    ]
+from support.infllm_recording import infllm_config
+from support.page_probe import PageProbe, mismatches, record_probed, shared_prefix_arrivals
 
 
 def _assert_truth(path: Path, run_id: int, probe: PageProbe) -> None:
@@ -63,8 +39,8 @@ def _shared_steps(probe: PageProbe) -> int:
 
 
 def test_shared_prefix(tmp_path):
-    run_id, probe, _ = _record(
-        tmp_path / "r.db", lambda bus: tiny_engine(64, bus=bus), _shared_prefix(10)
+    run_id, probe, _ = record_probed(
+        tmp_path / "r.db", lambda bus: tiny_engine(64, bus=bus), shared_prefix_arrivals(10)
     )
     assert _shared_steps(probe) > 5
     assert max(int(t.holders.max()) for t in probe.truth.values()) >= 3
@@ -73,10 +49,10 @@ def test_shared_prefix(tmp_path):
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption(tmp_path, mode):
-    run_id, probe, kinds = _record(
+    run_id, probe, kinds = record_probed(
         tmp_path / "r.db",
         lambda bus: tiny_engine(22, bus=bus, preemption=mode),
-        _shared_prefix(8, prefix_len=16, every=0, out=24),
+        shared_prefix_arrivals(8, prefix_len=16, every=0, out=24),
     )
     assert kinds.get("request_preempted", 0) > 0
     _assert_truth(tmp_path / "r.db", run_id, probe)
@@ -86,7 +62,7 @@ def test_offload_and_reload(tmp_path):
     rng = random.Random(1)
     prefixes = [[rng.randrange(1, VOCAB) for _ in range(16)] for _ in range(3)]
     arrivals = [(6 * i, prefixes[i % 3] + [rng.randrange(1, VOCAB)], 6) for i in range(12)]
-    run_id, probe, kinds = _record(
+    run_id, probe, kinds = record_probed(
         tmp_path / "r.db",
         lambda bus: tiny_engine(14, bus=bus, offload="always", max_batched_tokens=7),
         arrivals,
@@ -101,7 +77,7 @@ def test_infllm(tmp_path):
     loaded = tiny_loaded(max_position=1024)
     rng = random.Random(2)
     arrivals = [(0, [rng.randrange(1, VOCAB) for _ in range(n)], 10) for n in (200, 120)]
-    run_id, probe, kinds = _record(
+    run_id, probe, kinds = record_probed(
         tmp_path / "r.db", lambda bus: Engine(config, bus=bus, loaded=loaded), arrivals
     )
     assert kinds.get("infllm_retrieval", 0) > 0
@@ -114,10 +90,10 @@ def test_infllm(tmp_path):
 
 
 def test_a_100k_page_pool(tmp_path, capsys):
-    run_id, probe, _ = _record(
+    run_id, probe, _ = record_probed(
         tmp_path / "r.db",
         lambda bus: tiny_engine(100_000, bus=bus),
-        _shared_prefix(12, prefix_len=40, out=6),
+        shared_prefix_arrivals(12, prefix_len=40, out=6),
     )
     assert _shared_steps(probe) > 3
     _assert_truth(tmp_path / "r.db", run_id, probe)
@@ -134,8 +110,8 @@ def test_a_100k_page_pool(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_real_model_shared_prefix(make_engine, tmp_path):
-    from app.run_job import drive
-    from app.workloads import builtin
+    from kvscope.app.run_job import drive
+    from kvscope.app.workloads import builtin
 
     engine = make_engine(kv_budget_bytes=128 << 20, page_map_every=4)
     path = tmp_path / "r.db"

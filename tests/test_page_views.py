@@ -6,21 +6,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_page_truth import _record, _shared_prefix
-from test_scheduler import tiny_engine
 
-from app.dashboard.figures import page_state_heatmap
-from app.tui.data import RunReader
-from app.tui.legend import legend_text
-from app.tui.page_grid import PageGrid, plan_grid
-from db.page_states import STATE_SHARED
-from db.pages import page_state_matrix
+from kvscope.app.dashboard.figures import page_state_heatmap
+from kvscope.app.tui.data import RunReader
+from kvscope.app.tui.legend import legend_text
+from kvscope.app.tui.page_grid import PageGrid, plan_grid
+from kvscope.db.page_states import STATE_SHARED
+from kvscope.db.pages import page_state_matrix
+from kvscope.engine.tiny import tiny_engine
+
+from support.page_probe import record_probed, shared_prefix_arrivals
 
 
 @pytest.fixture(scope="module")
 def shared_run(tmp_path_factory) -> tuple:
     path = tmp_path_factory.mktemp("views") / "r.db"
-    run_id, probe, _ = _record(path, lambda bus: tiny_engine(64, bus=bus), _shared_prefix(10))
+    run_id, probe, _ = record_probed(
+        path, lambda bus: tiny_engine(64, bus=bus), shared_prefix_arrivals(10)
+    )
     # the step with the most shared pages, and a request holding some of them
     step = max(probe.truth, key=lambda s: np.count_nonzero(probe.truth[s].state == STATE_SHARED))
     truth = probe.truth[step]
@@ -95,15 +98,15 @@ def test_one_set_of_figures_at_the_end_of_a_run(tmp_path) -> None:
     end-of-run summary) and ``kvscope runs`` give the same figures."""
     import dataclasses
 
-    from db import formulas, queries
-    from db.events import CHURN_KINDS
-    from db.source import connection
+    from kvscope.db import formulas, queries
+    from kvscope.db.events import CHURN_KINDS
+    from kvscope.db.source import connection
 
     path = tmp_path / "r.db"
-    run_id, probe, kinds = _record(
+    run_id, probe, kinds = record_probed(
         path,
         lambda bus: tiny_engine(22, bus=bus, offload="always"),
-        _shared_prefix(8, prefix_len=16, every=1, out=20),
+        shared_prefix_arrivals(8, prefix_len=16, every=1, out=20),
     )
     assert kinds.get("page_evicted", 0) > 0 and kinds.get("request_preempted", 0) > 0
     summary = queries.run_summary(path, run_id)
@@ -142,14 +145,14 @@ def test_the_dashboard_requests_table_splits_each_requests_pages(tmp_path) -> No
     its callback sends, and the report's) gives each request's pages held, private,
     shared and would-free: the engine's truth and the TUI's figures at that step; the
     TUI's running counters and the run summary give the same churn and hit rate."""
-    from page_probe import PageProbe
+    from kvscope.app.dashboard.layout import REQUEST_COLUMNS
+    from kvscope.app.dashboard.table_filter import request_record
+    from kvscope.db import queries
+    from kvscope.engine.events import EventBus
+    from kvscope.engine.sampler import SamplingParams
+    from kvscope.profiler.recorder import Recorder
 
-    from app.dashboard.layout import REQUEST_COLUMNS
-    from app.dashboard.table_filter import request_record
-    from db import queries
-    from engine.events import EventBus
-    from engine.sampler import SamplingParams
-    from profiler.recorder import Recorder
+    from support.page_probe import PageProbe
 
     path = tmp_path / "r.db"
     bus = EventBus()
@@ -158,7 +161,7 @@ def test_the_dashboard_requests_table_splits_each_requests_pages(tmp_path) -> No
     bus.subscribe(recorder.on_event)
     recorder.start()
     probe = PageProbe(engine)
-    arrivals = _shared_prefix(10, out=30)
+    arrivals = shared_prefix_arrivals(10, out=30)
     for step in range(12):  # every request arrived, none finished
         for _, prompt, n in [a for a in arrivals if a[0] == step]:
             engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.device import preset_for_name
-from engine.presets import DEVICES, device_preset, match_driver_name
+from kvscope.engine.device import preset_for_name
+from kvscope.engine.presets import DEVICES, device_preset, match_driver_name
 
 
 @pytest.mark.parametrize(

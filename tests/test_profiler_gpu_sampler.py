@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from db import queries
-from engine.events import EventBus, GpuSample
-from profiler import hardware
-from profiler.gpu_sampler import GpuSampler
-from profiler.recorder import Recorder
+from kvscope.db import queries
+from kvscope.engine.events import EventBus, GpuSample
+from kvscope.profiler import hardware
+from kvscope.profiler.gpu_sampler import GpuSampler
+from kvscope.profiler.recorder import Recorder
 
 
 def _has_nvml() -> bool:

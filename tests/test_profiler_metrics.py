@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from db import queries
-from engine.events import EventBus, FirstToken, PageEvicted, PrefixLookup, StepSummary
-from profiler.metrics import Histogram, LiveMetrics
-from profiler.recorder import Recorder
-from profiler.synthetic import SyntheticRun
+from kvscope.db import queries
+from kvscope.engine.events import EventBus, FirstToken, PageEvicted, PrefixLookup, StepSummary
+from kvscope.profiler.metrics import Histogram, LiveMetrics
+from kvscope.profiler.recorder import Recorder
+from kvscope.profiler.synthetic import SyntheticRun
 
 
 def _step(

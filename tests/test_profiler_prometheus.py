@@ -7,10 +7,10 @@ import urllib.request
 
 import pytest
 
-from engine.errors import KvscopeError
-from engine.events import FirstToken, PrefixLookup, RequestPreempted, StepSummary
-from profiler.metrics import LiveMetrics
-from profiler.prometheus import MetricsServer, render
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import FirstToken, PrefixLookup, RequestPreempted, StepSummary
+from kvscope.profiler.metrics import LiveMetrics
+from kvscope.profiler.prometheus import MetricsServer, render
 
 
 def _metrics() -> LiveMetrics:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -14,20 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from db import queries
-from db.schema import FAILED, INCOMPLETE, INTERRUPTED
-from db.store import open_db
-from engine.events import AllBlocksCleared, EventBus, PageMap, PrefixLookup, now_ns
-from profiler.recorder import Recorder
-from profiler.synthetic import SyntheticRun
-
-ROOT = Path(__file__).resolve().parents[1]
+from kvscope.db import queries
+from kvscope.db.schema import FAILED, INCOMPLETE, INTERRUPTED
+from kvscope.db.store import open_db
+from kvscope.engine.events import AllBlocksCleared, EventBus, PageMap, PrefixLookup, now_ns
+from kvscope.profiler.recorder import Recorder
+from kvscope.profiler.synthetic import SyntheticRun
 
 # A process that records prefix lookups numbered 0, 1, 2... until it is killed.
 EMITTER = """
 import sys, time
-from engine.events import EventBus, PrefixLookup, now_ns
-from profiler.recorder import Recorder
+from kvscope.engine.events import EventBus, PrefixLookup, now_ns
+from kvscope.profiler.recorder import Recorder
 
 rec = Recorder(sys.argv[1], {}, "emitter", hardware={}, versions={}, flush_interval_s=0.1)
 bus = EventBus()
@@ -47,7 +44,7 @@ except KeyboardInterrupt:
 
 READER = """
 import json, sys, time
-from db import queries
+from kvscope.db import queries
 
 path, run_id, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 errors, steps = [], []
@@ -66,11 +63,8 @@ print(json.dumps({"errors": errors, "steps": steps}))
 
 
 def _python(script: str, *args: object, **kwargs) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen(
         [sys.executable, "-c", script, *map(str, args)],
-        cwd=ROOT,
-        env=env,
         stdout=subprocess.PIPE,
         text=True,
         **kwargs,

@@ -16,11 +16,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from engine.events import EventBus
-from engine.eviction import FIFO, LFU, LRU
-from engine.host_tier import HostTier
-from engine.page_pool import PagePool
-from engine.radix_cache import RadixCache
+from kvscope.engine.events import EventBus
+from kvscope.engine.eviction import FIFO, LFU, LRU
+from kvscope.engine.host_tier import HostTier
+from kvscope.engine.page_pool import PagePool
+from kvscope.engine.radix_cache import RadixCache
 
 PAGE = 2
 PAGES = 12

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-import app.cli
-from app.cli import main
+import kvscope.app.cli as cli
+from kvscope.app.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_readme_mentions_every_command() -> None:
     text = README.read_text()
-    missing = [name for name in app.cli.COMMANDS if f"kvscope {name}" not in text]
+    missing = [name for name in cli.COMMANDS if f"kvscope {name}" not in text]
     assert not missing, f"README does not mention: {missing}"
 
 
@@ -52,7 +52,7 @@ def find(prefix: list[str]) -> tuple[list[str], str]:
 
 
 def test_the_tour_lines_parse() -> None:
-    parser = app.cli.build_parser()
+    parser = cli.build_parser()
     lines = tour_lines()
     assert len(lines) >= 15, lines  # the block was found and split (an empty one parses vacuously)
     for argv, _ in lines:

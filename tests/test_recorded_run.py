@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from app.run_job import drive
-from app.workloads import builtin
-from db import queries
-from profiler.recorder import Recorder
+from kvscope.app.run_job import drive
+from kvscope.app.workloads import builtin
+from kvscope.db import queries
+from kvscope.profiler.recorder import Recorder
 
 pytestmark = pytest.mark.slow
 

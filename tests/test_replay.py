@@ -3,40 +3,20 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from engine.replay import ReplayConfig, ReplayDriver, prepare, read_replay_trace
-from engine.replay.sweep import run_sweep, sweep_configs
-from engine.replay.tokens import PageTokens
-from engine.replay.traces import page_contents
+from kvscope.engine.replay import ReplayConfig, ReplayDriver, prepare, read_replay_trace
+from kvscope.engine.replay.sweep import run_sweep, sweep_configs
+from kvscope.engine.replay.tokens import PageTokens
+from kvscope.engine.replay.traces import page_contents
 
-SLICE = Path(__file__).parent / "data" / "mooncake_conversation_head400.jsonl"
+from support.mooncake_slice import SLICE, reference_ceiling
 
 
 @pytest.fixture(scope="module")
 def trace():
     return read_replay_trace(SLICE)
-
-
-def reference_ceiling(path: Path, block: int = 512) -> float:
-    """Unlimited capacity by hand: each request hits its longest prefix of full blocks
-    seen before, and never its last token (vLLM's rule)."""
-    seen: set[int] = set()
-    hit = queried = 0
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
-        n, ids = r["input_length"], r["hash_ids"]
-        h = 0
-        for b in ids[: (n - 1) // block]:
-            if b not in seen:
-                break
-            h += 1
-        hit += h * block
-        queried += n
-        seen.update(ids[: n // block])
-    return hit / queried
 
 
 def test_unlimited_capacity_hits_exactly_the_hand_counted_ceiling(trace):

@@ -8,26 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from app.commands.replay import RecordSession
-from engine.replay import ReplayConfig, read_replay_trace
-from engine.replay.sweep import run_sweep
+from kvscope.app.commands.replay import RecordSession
+from kvscope.engine.replay import ReplayConfig, read_replay_trace
+from kvscope.engine.replay.sweep import run_sweep
 
-SLICE = Path(__file__).parent / "data" / "mooncake_conversation_head400.jsonl"
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error(err: str, *fragments: str) -> None:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("kvscope: error: "), err
-    assert "Traceback" not in err
-    for f in fragments:
-        assert f in lines[0], lines[0]
+from support.cli_runs import one_error, run_cli
+from support.mooncake_slice import SLICE
 
 
 def head(tmp_path: Path, n: int, name: str = "t.jsonl") -> Path:

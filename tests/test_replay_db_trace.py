@@ -14,18 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from app.replay_db import trace_from_run
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.events import EventBus
-from engine.replay import ReplayConfig, ReplayDriver, read_replay_trace
-from engine.replay.traces import ReplayTrace
-from engine.sampler import SamplingParams
-from profiler.recorder import Recorder
-from tests.tiny_model import tiny_loaded
+from kvscope.app.cli import main
+from kvscope.app.replay_db import trace_from_run
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.events import EventBus
+from kvscope.engine.replay import ReplayConfig, ReplayDriver, read_replay_trace
+from kvscope.engine.replay.traces import ReplayTrace
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.tiny import tiny_loaded
+from kvscope.profiler.recorder import Recorder
 
-SLICE = Path(__file__).parent / "data" / "mooncake_conversation_head400.jsonl"
+from support.mooncake_slice import SLICE
+
 LIMIT = 250
 
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from pathlib import Path
 
-from app.cli import main
-from db.events import tally
-from engine.replay import ReplayConfig, ReplayDriver, read_replay_trace
-from tests.test_replay import reference_ceiling
+from kvscope.app.cli import main
+from kvscope.db.events import tally
+from kvscope.engine.replay import ReplayConfig, ReplayDriver, read_replay_trace
 
-SLICE = Path(__file__).parent / "data" / "mooncake_conversation_head400.jsonl"
+from support.mooncake_slice import SLICE, reference_ceiling
+
 OVERLOAD = ReplayConfig(capacity_tokens=2_000_000, timing="roofline", eviction_policy="lru")
 
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.replay import ReplayConfig, ReplayDriver, read_replay_trace
-from tests.test_replay_cli import SLICE, one_error, run_cli
+from kvscope.engine.replay import ReplayConfig, ReplayDriver, read_replay_trace
+
+from support.cli_runs import one_error, run_cli
+from support.mooncake_slice import SLICE
 
 GIANT = 10**8  # the most a trace line may ask (engine/replay/traces.py MAX_REQUEST_TOKENS)
 

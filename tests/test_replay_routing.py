@@ -20,15 +20,15 @@ import json
 
 import pytest
 
-from app.cli import main
-from engine.errors import KvscopeError
-from engine.events import EventBus
-from engine.eviction import Belady
-from engine.page_pool import PagePool
-from engine.radix_cache import RadixCache
-from engine.replay.driver import ReplayConfig
-from engine.replay.routing import replay_replicas
-from engine.replay.traces import ReplayTrace, TraceEntry
+from kvscope.app.cli import main
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import EventBus
+from kvscope.engine.eviction import Belady
+from kvscope.engine.page_pool import PagePool
+from kvscope.engine.radix_cache import RadixCache
+from kvscope.engine.replay.driver import ReplayConfig
+from kvscope.engine.replay.routing import replay_replicas
+from kvscope.engine.replay.traces import ReplayTrace, TraceEntry
 
 BLOCKS = [[1, 2, 10], [1, 2, 11], [5, 6, 20], [5, 6, 21], [1, 2, 12], [5, 6, 22]]
 TRACE = ReplayTrace(

@@ -8,12 +8,13 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 
 import pytest
 
-from db import queries
+from kvscope.db import queries
+
+from support.installed import KVSCOPE
 
 pytestmark = pytest.mark.slow
 
@@ -22,9 +23,7 @@ def test_headless_json_summary(tmp_path):
     db = tmp_path / "k.db"
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "app.cli",
+            KVSCOPE,
             "run",
             "--headless",
             "--json",
@@ -72,9 +71,7 @@ def test_ctrl_c_marks_run_interrupted(tmp_path):
     db = tmp_path / "k.db"
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "app.cli",
+            KVSCOPE,
             "run",
             "--headless",
             "--requests",
@@ -104,7 +101,7 @@ def test_ctrl_c_marks_run_interrupted(tmp_path):
 
 def _run_cli(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", "run", "--headless", *argv],
+        [KVSCOPE, "run", "--headless", *argv],
         capture_output=True,
         text=True,
         timeout=600,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.run_job import group_reasons
+from kvscope.app.run_job import group_reasons
 
 
 def test_reasons_that_differ_only_in_numbers_are_one_line_with_their_range():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampler import SamplingParams, sample
+from kvscope.engine.sampler import SamplingParams, sample
 
 
 def _logits(rows: int = 5, vocab: int = 50) -> torch.Tensor:

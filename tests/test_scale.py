@@ -15,22 +15,29 @@ its queue of 100,000-page maps by bytes and stores them compressed.
 
 from __future__ import annotations
 
-import random
 import sqlite3
 import zlib
 
 import numpy as np
 import pytest
 
-from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE, EventBus, PageMap, StepSummary
-from engine.eviction import LRU
-from engine.sampler import SamplingParams
-from profiler.recorder import Recorder
-from tests.test_scheduler import run_all, tiny_engine
+from kvscope.engine.events import (
+    PAGE_CACHED,
+    PAGE_EVICTED,
+    PAGE_FREE,
+    EventBus,
+    PageMap,
+    StepSummary,
+)
+from kvscope.engine.eviction import LRU
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.tiny import fill_cache, shared_stem_workload, tiny_engine
+from kvscope.profiler.recorder import Recorder
+
+from support.engine_runs import run_all
 
 PAGE = 4
-SLACK = 40  # free pages left after filling the cache, so the workload must evict
-CHAIN = 50  # pages per warm-up chain
+SLACK = 40  # free pages fill_cache leaves, so the workload must evict
 
 
 class CountingRefcounts(list):
@@ -61,38 +68,6 @@ def counted_engine(pages: int, **kw):
 def work_done(engine) -> int:
     cache = engine.kv.prefix
     return cache.work.nodes + cache.work.heap + cache.policy.calls + engine.kv.pool.refcount.reads
-
-
-def fill_cache(engine) -> int:
-    """Fill the pool with cache-only chains of CHAIN pages (keys start with token 0, which
-    the workload never uses, so they are never hit); returns the pages filled."""
-    cache, pool = engine.kv.prefix, engine.kv.pool
-    rng = random.Random(7)
-    filled = 0
-    chain = 0
-    while pool.num_free - SLACK > 0:
-        n = min(CHAIN, pool.num_free - SLACK)
-        head = [0, 1 + chain % 63, 1 + chain // 63 % 63, 1 + chain // 3969]
-        tokens = head + [rng.randint(1, 63) for _ in range((n - 1) * PAGE)]
-        pages = pool.allocate(n)
-        cache.insert(tokens, pages)
-        cache.release(pages)
-        filled += n
-        chain += 1
-    return filled
-
-
-def workload(seed: int = 3) -> list[tuple[int, list[int], int]]:
-    rng = random.Random(seed)
-    stem = [rng.randint(1, 63) for _ in range(24)]
-    return [
-        (
-            rng.randint(0, 12),
-            stem + [rng.randint(1, 63) for _ in range(rng.randint(1, 20))],
-            rng.randint(4, 16),
-        )
-        for _ in range(24)
-    ]
 
 
 def run_counted(engine, arrivals, check_every: int = 0):
@@ -133,14 +108,14 @@ def big_run(request):
     assert engine.num_pages == 100_000
     filled = fill_cache(engine)
     engine.kv.check_integrity()
-    outputs, per_step = run_counted(engine, workload(), check_every=25)
+    outputs, per_step = run_counted(engine, shared_stem_workload(), check_every=25)
     engine.kv.check_integrity()
     return engine, filled, outputs, per_step, events, request.param
 
 
 def test_outputs_match_small_pools_and_no_cache(big_run):
     _, _, outputs, _, _, _ = big_run
-    work = workload()
+    work = shared_stem_workload()
     assert outputs == run_all(tiny_engine(64, PAGE, max_batched_tokens=64), work)
     assert outputs == run_all(tiny_engine(400, PAGE, prefix_cache=False), work)
 
@@ -163,7 +138,7 @@ def test_per_step_work_does_not_grow_with_the_pool(big_run):
     _, _, _, per_step, _, mode = big_run
     small = counted_engine(1_000, **MODES[mode])
     fill_cache(small)
-    _, small_per_step = run_counted(small, workload())
+    _, small_per_step = run_counted(small, shared_stem_workload())
     # The same steps do the same cache work on 1,000 and 100,000 pages.
     assert len(per_step) == len(small_per_step)
     assert max(per_step) <= max(small_per_step) + 8

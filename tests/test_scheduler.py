@@ -15,46 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.events import EventBus
-from engine.sampler import SamplingParams
-from engine.scheduler import Scheduler
-from tests.tiny_model import tiny_loaded
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.scheduler import Scheduler
+from kvscope.engine.tiny import tiny_engine
 
-TINY = tiny_loaded()
-BYTES_PER_PAGE = 2 * 2 * 8 * 2 * 4  # K+V x kv_heads x head_dim x layers x fp32, per token
-
-
-def tiny_engine(pages: int, page_size: int = 4, bus: EventBus | None = None, **kw) -> Engine:
-    config = EngineConfig(
-        kv_budget_bytes=pages * page_size * BYTES_PER_PAGE, page_size=page_size, **kw
-    )
-    return Engine(config, bus=bus, loaded=TINY)
-
-
-def run_all(
-    engine: Engine, arrivals: list[tuple[int, list[int], int]], check=True
-) -> dict[int, list[int]]:
-    """Add requests at their arrival steps; step to the end, checking invariants."""
-    pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
-    outputs: dict[int, list[int]] = {}
-    index: dict[int, int] = {}
-    step = 0
-    while pending or engine.has_unfinished():
-        while pending and pending[0][1][0] <= step:
-            position, (_, prompt, n) = pending.pop(0)
-            rid = engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
-            index[rid] = position
-        for out in engine.step():
-            if out.finished:
-                outputs[index[out.request_id]] = out.token_ids
-        if check:
-            engine.kv.check_integrity()
-        step += 1
-        assert step < 5000, "engine made no progress"
-    return outputs
-
+from support.engine_runs import run_all
 
 prompts = st.lists(st.integers(1, 63), min_size=1, max_size=30)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from app.cli import main
-from db import queries
+from kvscope.app.cli import main
+from kvscope.db import queries
 
 
 def test_simulation_runs_in_database(tmp_path, capsys):
@@ -27,7 +27,7 @@ def test_simulation_runs_in_database(tmp_path, capsys):
 
 
 def test_simulation_figures_agree_with_what_simulate_printed(tmp_path, capsys):
-    from app.tui.data import RunReader
+    from kvscope.app.tui.data import RunReader
 
     db = tmp_path / "sim.db"
     args = ["simulate", "--requests", "60", "--budget-tokens", "6000", "--db", str(db), "--json"]

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from engine.errors import KvscopeError
-from engine.presets import DEVICES, MODELS, device_preset, model_preset
-from engine.sizing import (
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.presets import DEVICES, MODELS, device_preset, model_preset
+from kvscope.engine.sizing import (
     GIB,
     MIB,
     ContextShape,
@@ -170,7 +170,7 @@ def test_shape_from_gguf_reads_metadata_and_counts_tensor_elements(tmp_path):
 
 @pytest.mark.slow
 def test_the_real_smollm2_gguf_matches_its_preset():
-    from engine.loader import default_model_path
+    from kvscope.engine.loader import default_model_path
 
     shape = ModelShape.from_gguf(default_model_path())
     assert dataclasses.replace(shape, name="smollm2-135m") == ModelShape.from_config(

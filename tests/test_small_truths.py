@@ -4,16 +4,15 @@ start when it is scheduled."""
 
 from __future__ import annotations
 
-from test_scheduler import tiny_engine
-
-from app.dashboard.figures import budget_tiles
-from app.report.html import build_html
-from app.tui.panels import budget_text
-from db.memory_budget import budget_title, measured_budget
-from db.source import reader
-from engine.events import EventBus
-from engine.sampler import SamplingParams
-from profiler.recorder import Recorder
+from kvscope.app.dashboard.figures import budget_tiles
+from kvscope.app.report.html import build_html
+from kvscope.app.tui.panels import budget_text
+from kvscope.db.memory_budget import budget_title, measured_budget
+from kvscope.db.source import reader
+from kvscope.engine.events import EventBus
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.tiny import tiny_engine
+from kvscope.profiler.recorder import Recorder
 
 
 def _record(path, config: dict) -> int:
@@ -64,7 +63,7 @@ def test_an_interrupted_runs_summary_counts_unfinished_requests_tokens(tmp_path)
 
 
 def test_tokens_held_is_flat_until_the_request_is_scheduled(tmp_path):
-    from db.requests import request_times, request_trace
+    from kvscope.db.requests import request_times, request_trace
 
     bus = EventBus()
     engine = tiny_engine(64, bus=bus, max_num_seqs=1)  # the second request waits
@@ -92,9 +91,9 @@ def test_tokens_held_is_flat_until_the_request_is_scheduled(tmp_path):
 
 
 def test_compare_starts_from_the_selected_run_with_rounded_config(tmp_path):
-    from dash_callbacks import call
+    from kvscope.app.dashboard.server import create_app
 
-    from app.dashboard.server import create_app
+    from support.dash_callbacks import call
 
     path = tmp_path / "r.db"
     ids = [_record(path, {"rate": rate}) for rate in (0.1 + 0.2, 2.0, 3.0)]
@@ -110,8 +109,8 @@ def test_the_dashboard_url_of_an_ipv6_host_has_brackets(tmp_path):
     """``dash --host ::1`` had printed http://::1:8050/, which no browser opens."""
     import urllib.request
 
-    from app.dashboard.server import Server, create_app
-    from db.store import open_db
+    from kvscope.app.dashboard.server import Server, create_app
+    from kvscope.db.store import open_db
 
     open_db(tmp_path / "k.db").conn.close()
     server = Server(create_app(tmp_path / "k.db"), host="::1", port=0).start()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.staging import StagingBuffer
+from kvscope.engine.staging import StagingBuffer
 
 
 def test_sections_of_two_dtypes_read_back_from_one_buffer():

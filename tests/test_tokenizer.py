@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.loader import default_model_path
+from kvscope.engine.loader import default_model_path
 
 pytestmark = pytest.mark.slow
 

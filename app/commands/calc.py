@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from app.cliff import CLIFF_DESCRIPTION, run_cliff
-from app.output_format import GIB, count_text, format_table, human_bytes, plain_dict
-from app.sizing_args import (
+from kvscope.app.cliff import CLIFF_DESCRIPTION, run_cliff
+from kvscope.app.output_format import GIB, count_text, format_table, human_bytes, plain_dict
+from kvscope.app.sizing_args import (
     CALC_DEFAULTS,
     MAX_TOKENS,
     add_budget_options,
@@ -33,8 +33,8 @@ from app.sizing_args import (
     positive,
     resolve_model,
 )
-from engine.errors import KvscopeError
-from engine.sizing import KV_DTYPES, ModelShape, avg_tokens_held, kv_capacity, reload_cost
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.sizing import KV_DTYPES, ModelShape, avg_tokens_held, kv_capacity, reload_cost
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

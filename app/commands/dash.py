@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.db_argument import add_db_argument, db_path
-from app.sizing_args import port, positive
+from kvscope.app.db_argument import add_db_argument, db_path
+from kvscope.app.sizing_args import port, positive
 
 
 def refresh_seconds(text: str) -> float:
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.dashboard.server import Server, create_app
+    from kvscope.app.dashboard.server import Server, create_app
 
     path = db_path(args)
     server = Server(create_app(path, refresh_ms=int(args.refresh * 1000)), args.host, args.port)

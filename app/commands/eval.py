@@ -14,13 +14,18 @@ import math
 import sys
 from dataclasses import replace
 
-from app.commands.run import RUN_KV_BUDGET
-from app.engine_options import add_engine_options, engine_config_from_args, host_budget, parse_size
-from app.evals.passkey import PASSKEY_MIN_TOKENS
-from app.progress import Progress, loading_model
-from app.sizing_args import positive_int
-from engine.engine_config import EngineConfig
-from engine.errors import KvscopeError
+from kvscope.app.commands.run import RUN_KV_BUDGET
+from kvscope.app.engine_options import (
+    add_engine_options,
+    engine_config_from_args,
+    host_budget,
+    parse_size,
+)
+from kvscope.app.evals.passkey import PASSKEY_MIN_TOKENS
+from kvscope.app.progress import Progress, loading_model
+from kvscope.app.sizing_args import positive_int
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.errors import KvscopeError
 
 MAX_LENGTH = 1 << 20  # tokens: past every model's context (checked exactly once it loads)
 
@@ -108,8 +113,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.evals.compare import ANSWER_TOKENS, Comparison
-    from app.evals.report import passkey_table, perplexity_table, render
+    from kvscope.app.evals.compare import ANSWER_TOKENS, Comparison
+    from kvscope.app.evals.report import passkey_table, perplexity_table, render
 
     grow = args.kv_budget is None and args.memory_fraction is None
     if args.kv_budget is None:

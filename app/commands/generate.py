@@ -7,10 +7,10 @@ import dataclasses
 import json
 import sys
 
-from app.engine_options import add_engine_options, engine_config_from_args
-from app.progress import loading_model
-from app.sizing_args import finite
-from engine.errors import KvscopeError, RequestError
+from kvscope.app.engine_options import add_engine_options, engine_config_from_args
+from kvscope.app.progress import loading_model
+from kvscope.app.sizing_args import finite
+from kvscope.engine.errors import KvscopeError, RequestError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,8 +52,8 @@ def _check_prompts(prompts: list[str], chat: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.engine import Engine
-    from engine.sampler import SamplingParams
+    from kvscope.engine.engine import Engine
+    from kvscope.engine.sampler import SamplingParams
 
     _check_prompts(args.prompts, args.chat)
     params = SamplingParams(

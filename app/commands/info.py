@@ -14,11 +14,11 @@ import argparse
 import json
 from typing import Any
 
-from app.commands.run import RUN_KV_BUDGET
-from app.engine_options import add_engine_options, engine_config_from_args
-from app.progress import loading_model
-from engine.engine_config import EngineConfig
-from engine.model_config import ModelConfig
+from kvscope.app.commands.run import RUN_KV_BUDGET
+from kvscope.app.engine_options import add_engine_options, engine_config_from_args
+from kvscope.app.progress import loading_model
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.model_config import ModelConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _from_engine(config: EngineConfig) -> dict[str, Any]:
     """The figures of a built engine: its weights as stored, its pool as sized."""
-    from engine.engine import Engine
+    from kvscope.engine.engine import Engine
 
     with loading_model(config.model):
         engine = Engine(config)
@@ -75,9 +75,9 @@ def _from_engine(config: EngineConfig) -> dict[str, Any]:
 def _from_shape(config: EngineConfig) -> dict[str, Any]:
     """The same figures for dummy weights, from the shape alone: the engine would draw
     random weights only to count their bytes (``stored_weight_bytes`` counts them)."""
-    from engine.dummy import SOURCE_PREFIX, dummy_config, stored_weight_bytes
-    from engine.engine import resolve_attention_backend
-    from engine.sizing import kv_bytes_per_token, pool_pages
+    from kvscope.engine.dummy import SOURCE_PREFIX, dummy_config, stored_weight_bytes
+    from kvscope.engine.engine import resolve_attention_backend
+    from kvscope.engine.sizing import kv_bytes_per_token, pool_pages
 
     shape = dummy_config(config.model)
     resolve_attention_backend(config)  # the engine's refusal of a backend this device lacks

@@ -11,6 +11,10 @@ With ``--db`` every point is recorded as a run of kind ``replay`` (config keys
 ``capacity_tokens``, ``eviction_policy``, ``page_size``, ``kv_dtype``,
 ``preset``, ``timing``, ``trace``, ``sweep_id``; hit and queried tokens in its
 summary, from the events), so the TUI, dashboard and reports show it.
+
+The replay machinery (engine/replay/driver.py and its sweep and routing) imports
+torch; it is imported by the functions that run it, so that building the parser
+(every ``kvscope`` command builds this one) takes only engine/replay/config.py.
 """
 
 from __future__ import annotations
@@ -26,21 +30,27 @@ import uuid
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from app.db_argument import add_db_argument, db_path
-from app.engine_options import parse_size
-from app.output_format import format_table, human_bytes
-from app.sizing_args import plot_file, positive, positive_int
-from engine.errors import KvscopeError
-from engine.events import EventBus
-from engine.eviction import POLICIES
-from engine.presets import DEVICES, MODELS, device_preset, model_preset
-from engine.replay.driver import TIMINGS, ReplayConfig, ReplayResult
-from engine.replay.routing import ROUTINGS, replay_replicas
-from engine.replay.sweep import default_workers, run_sweep, sweep_configs
-from engine.replay.traces import FORMATS, ReplayTrace, is_database, read_replay_trace
-from engine.sizing import GIB, KV_DTYPES, MemoryBudget, weight_bytes
+from kvscope.app.db_argument import add_db_argument, db_path
+from kvscope.app.engine_options import parse_size
+from kvscope.app.output_format import format_table, human_bytes
+from kvscope.app.sizing_args import plot_file, positive, positive_int
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.eviction import POLICIES
+from kvscope.engine.presets import DEVICES, MODELS, device_preset, model_preset
+from kvscope.engine.replay.config import (
+    ROUTINGS,
+    TIMINGS,
+    ReplayConfig,
+    ReplayResult,
+    default_workers,
+)
+from kvscope.engine.replay.traces import FORMATS, ReplayTrace, is_database, read_replay_trace
+from kvscope.engine.sizing import GIB, KV_DTYPES, MemoryBudget, weight_bytes
+
+if TYPE_CHECKING:
+    from kvscope.engine.events import EventBus
 
 # Figure 9 of the Mooncake paper spans 10^4..10^8 tokens; 8 points over it.
 DEFAULT_CAPACITIES = "1e4,1e5,1e6,3e6,1e7,3e7,5e7,1e8"
@@ -260,7 +270,7 @@ def check_options(args: argparse.Namespace) -> None:
 def load_trace(args: argparse.Namespace) -> ReplayTrace:
     path = Path(args.trace)
     if _is_db_source(args):
-        from app.replay_db import trace_from_run
+        from kvscope.app.replay_db import trace_from_run
 
         trace = trace_from_run(path, args.run)
     else:
@@ -279,7 +289,7 @@ def _lazy_encoder() -> Callable[[str], list[int]]:
 
     def encode(text: str) -> list[int]:
         if "codec" not in state:
-            from engine.loader import load_model
+            from kvscope.engine.loader import load_model
 
             state["codec"] = load_model(None).codec
         return state["codec"].encode(text)
@@ -301,6 +311,8 @@ def capacities(args: argparse.Namespace, bytes_per_token: float) -> list[int]:
 
 
 def configs(args: argparse.Namespace, trace: ReplayTrace) -> tuple[list[ReplayConfig], list[int]]:
+    from kvscope.engine.replay.sweep import sweep_configs
+
     policies = _list(args.eviction_policy, "--eviction-policy")
     for p in policies:
         if p not in POLICIES:
@@ -388,7 +400,8 @@ class RecordSession:
     def open(
         self, config: ReplayConfig
     ) -> tuple[EventBus, Callable[[ReplayResult | None, str], Any]]:
-        from profiler.recorder import Recorder
+        from kvscope.engine.events import EventBus
+        from kvscope.profiler.recorder import Recorder
 
         recorder = Recorder(self.db, self.run_config(config), model=config.model, kind="replay")
         recorder.start()
@@ -556,11 +569,13 @@ def run(args: argparse.Namespace) -> int:
     session = None
     if args.db is not None:
         # Everything above may refuse the input: only now does anything touch the database.
-        from db.store import open_db
+        from kvscope.db.store import open_db
 
         path = db_path(args)
         open_db(path).conn.close()  # a bad path fails here, once, not in every worker
         session = RecordSession(path, trace, uuid.uuid4().hex[:12])
+    from kvscope.engine.replay.sweep import run_sweep
+
     t0 = time.perf_counter()
     progress = Progress(len(points), args.quiet or len(points) == 1)
     results = run_sweep(trace, points, args.workers, session, progress)
@@ -592,7 +607,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     replicated = replica_rows(args, trace, points) if args.replicas > 1 else []
     if args.plot:
-        from app.commands.simulate import write_plot
+        from kvscope.app.commands.simulate import write_plot
 
         write_plot(figure(rows, ceilings), args.plot)
     if args.json:
@@ -720,7 +735,7 @@ def _secs(s: float | None) -> str:
 
 def miss_table(rows: list[dict[str, Any]]) -> str:
     """Why the prompt tokens each point missed missed (engine/miss_reasons.py), as shares."""
-    from db.miss_reasons import REASONS
+    from kvscope.db.miss_reasons import REASONS
 
     out = []
     for r in sorted(rows, key=lambda r: (r["capacity_tokens"] is None, r["capacity_tokens"] or 0)):
@@ -764,6 +779,8 @@ def replica_rows(
     args: argparse.Namespace, trace: ReplayTrace, points: list[ReplayConfig]
 ) -> list[dict[str, Any]]:
     """Each capacity point of the sweep again over ``--replicas`` engines, per routing."""
+    from kvscope.engine.replay.routing import replay_replicas
+
     out = []
     for config in points:
         for name in _list(args.routing or DEFAULT_ROUTINGS, "--routing"):

@@ -14,9 +14,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from app.db_argument import add_db_argument, db_path, run_id
-from engine.errors import KvscopeError
+from kvscope.app.db_argument import add_db_argument, db_path, run_id
+from kvscope.engine.errors import KvscopeError
+
+if TYPE_CHECKING:
+    from sqlite_utils import Database
 
 FORMATS = ("html", "trace", "csv", "json", "mooncake")
 
@@ -77,10 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.report.html import build_html
-    from app.report.tables import json_document, write_csv, write_json
-    from app.report.trace import build_trace
-    from db.queries import choose_run, reader, run_info
+    from kvscope.app.report.tables import json_document, write_csv, write_json
+    from kvscope.db.queries import choose_run, reader, run_info
 
     with reader(db_path(args)) as db:
         run_id = choose_run(db, args.run)
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(out, args.format, db_path(args))  # before a report that may take a while
         try:
             if args.format == "mooncake":
-                from app.report.mooncake import write_mooncake
+                from kvscope.app.report.mooncake import write_mooncake
 
                 block = write_mooncake(db_path(args), run_id, out)
                 print(f"kvscope report: replay it with --block-size {block}", file=sys.stderr)
@@ -104,11 +106,7 @@ def run(args: argparse.Namespace) -> int:
             elif args.format == "json":
                 write_json(db, run_id, out)
             else:
-                text = (
-                    build_html(db, run_id)
-                    if args.format == "html"
-                    else json.dumps(build_trace(db, run_id))
-                )
+                text = _page(db, run_id, args.format)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(text)
         except OSError as exc:
@@ -117,6 +115,19 @@ def run(args: argparse.Namespace) -> int:
             raise KvscopeError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(out)
     return 0
+
+
+def _page(db: Database, run_id: int, fmt: str) -> str:
+    """The html report or the Chrome trace, as text. Their builders are imported here, not
+    with the command: html's imports plotly and the dashboard's pages (dash), which a json
+    or csv export (and every other command, whose parser is built with this one) never needs."""
+    if fmt == "html":
+        from kvscope.app.report.html import build_html
+
+        return build_html(db, run_id)
+    from kvscope.app.report.trace import build_trace
+
+    return json.dumps(build_trace(db, run_id))
 
 
 def check_output(out: Path, fmt: str, database: Path) -> None:

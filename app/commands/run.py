@@ -20,18 +20,17 @@ import math
 import sys
 import threading
 
-from app.db_argument import add_db_argument, db_path
-from app.engine_options import (
+from kvscope.app.db_argument import add_db_argument, db_path
+from kvscope.app.engine_options import (
     add_engine_options,
     engine_config_from_args,
     host_budget,
     parse_size,
 )
-from app.progress import loading_model
-from app.sizing_args import at_most, non_negative, port
-from app.workloads import BUILTIN, MAX_REQUESTS, WorkItem, load_workload
-from db.miss_reasons import miss_line, run_miss_reasons
-from engine.engine_config import EngineConfig
+from kvscope.app.progress import loading_model
+from kvscope.app.sizing_args import at_most, non_negative, port
+from kvscope.app.workloads import BUILTIN, MAX_REQUESTS, WorkItem, load_workload
+from kvscope.engine.engine_config import EngineConfig
 
 RUN_KV_BUDGET = "24MiB"  # small on purpose: prefix hits, eviction and preemption all happen
 FIT_LONGEST = 2  # a budget sized to the workload holds this many of its longest requests
@@ -114,7 +113,7 @@ def _config_record(args: argparse.Namespace, engine) -> dict:
 def workload_kv_bytes(engine, items: list[WorkItem]) -> int:
     """A KV budget that holds ``FIT_LONGEST`` of the workload's longest requests (prompt and
     output, up to the model's context) at once, in whole pages."""
-    from app.run_job import render_prompt
+    from kvscope.app.run_job import render_prompt
 
     context = engine.model_config.max_position
     prompts = [len(engine.codec.encode(render_prompt(engine, item))) for item in items]
@@ -144,7 +143,7 @@ def _run_config(args: argparse.Namespace) -> tuple[EngineConfig, bool]:
 
 def _engine_for(args: argparse.Namespace, config: EngineConfig, fit: bool, items: list[WorkItem]):
     """The engine, its KV budget raised to fit the workload when ``fit``."""
-    from engine.engine import Engine
+    from kvscope.engine.engine import Engine
 
     with loading_model(config.model):
         engine = Engine(config)
@@ -183,6 +182,8 @@ def _print_progress(p) -> None:
 
 
 def _summary_table(summary: dict) -> str:
+    from kvscope.db.miss_reasons import miss_line
+
     rows = [
         ("run", summary["run_id"]),
         ("status", summary["status"]),
@@ -214,9 +215,10 @@ def _fmt(value, spec: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.run_job import drive, group_reasons
-    from db.store import open_db
-    from profiler.recorder import Recorder
+    from kvscope.app.run_job import drive, group_reasons
+    from kvscope.db.miss_reasons import run_miss_reasons
+    from kvscope.db.store import open_db
+    from kvscope.profiler.recorder import Recorder
 
     items = load_workload(args.workload, args.requests, args.rate, args.seed)
     config, fit = _run_config(args)  # bad engine flags fail before a database is made
@@ -247,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if use_tui:
-            from app.tui import run_tui
+            from kvscope.app.tui import run_tui
 
             run_tui(db_file, run_id=recorder.run_id, follow=True, job=job)
         else:
@@ -289,15 +291,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _start_extras(args: argparse.Namespace, engine, recorder) -> list:
     """Optional side services (GPU sampler, Prometheus endpoint); returns their closers."""
-    from profiler.gpu_sampler import GpuSampler
+    from kvscope.profiler.gpu_sampler import GpuSampler
 
     closers = []
     sampler = GpuSampler(engine.bus, current_step=lambda: engine.step_count)
     if sampler.start():
         closers.append(sampler.stop)
     if args.metrics_port is not None:
-        from profiler.metrics import LiveMetrics
-        from profiler.prometheus import MetricsServer
+        from kvscope.profiler.metrics import LiveMetrics
+        from kvscope.profiler.prometheus import MetricsServer
 
         metrics = LiveMetrics(start_ns=recorder.start_ns)
         closers.append(engine.bus.subscribe(metrics.on_event))

@@ -11,8 +11,7 @@ import dataclasses
 import json
 import time
 
-from app.db_argument import add_db_argument, db_path
-from db.queries import list_runs
+from kvscope.app.db_argument import add_db_argument, db_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvscope.db.queries import list_runs  # the read layer: sqlite_utils, numpy
+
     path = db_path(args)
     runs = list_runs(path)
     if args.json:

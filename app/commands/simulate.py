@@ -13,12 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.db_argument import add_db_argument, db_path
-from app.output_format import format_table, human_bytes
-from app.progress import Progress
-from app.sizing_args import at_most, non_negative, plot_file, positive
-from app.workloads import MAX_REQUESTS
-from engine.alloc_sim import (
+from kvscope.app.db_argument import add_db_argument, db_path
+from kvscope.app.output_format import format_table, human_bytes
+from kvscope.app.progress import Progress
+from kvscope.app.sizing_args import at_most, non_negative, plot_file, positive
+from kvscope.app.workloads import MAX_REQUESTS
+from kvscope.engine.alloc_sim import (
     Allocator,
     DoublingAllocator,
     MaxReservationAllocator,
@@ -26,10 +26,10 @@ from engine.alloc_sim import (
     SimResult,
     replay,
 )
-from engine.errors import KvscopeError
-from engine.presets import MODELS, model_preset
-from engine.sizing import GIB, KV_DTYPES, ModelShape
-from engine.traces import DISTRIBUTIONS, generate_trace, read_trace
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.presets import MODELS, model_preset
+from kvscope.engine.sizing import GIB, KV_DTYPES, ModelShape
+from kvscope.engine.traces import DISTRIBUTIONS, generate_trace, read_trace
 
 MAX_LEN = 1 << 24  # tokens per request: past any model's context
 PLOT_POINTS = 1000  # per series; enough for a smooth line, small enough for a light HTML file
@@ -254,7 +254,7 @@ def write_plot(fig: Any, path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.db is not None:
-        from app.sim_record import check_database
+        from kvscope.app.sim_record import check_database
 
         check_database(db_path(args))  # its errors before the simulation, not after
     results = simulate(args)
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
         write_plot(figure(results, args.step_ms / 1000), args.plot)
     if args.db is not None:
         path = db_path(args)
-        from app.sim_record import record_simulation
+        from kvscope.app.sim_record import record_simulation
 
         config = {
             k: v

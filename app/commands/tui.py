@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.db_argument import add_db_argument, db_path, run_id
-from engine.errors import KvscopeError
+from kvscope.app.db_argument import add_db_argument, db_path, run_id
+from kvscope.engine.errors import KvscopeError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.tui import run_tui
-    from app.tui.data import check_database
+    from kvscope.app.tui import run_tui
+    from kvscope.app.tui.data import check_database
 
     path = db_path(args)
     check_database(path, args.run, missing_ok=False, no_runs_ok=args.follow)  # its errors first

@@ -14,10 +14,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from app.sizing_args import positive
-from db.schema import COMPLETE, FAILED, INTERRUPTED
-from db.store import default_db_path
-from engine.errors import KvscopeError
+from kvscope.app.sizing_args import positive
+from kvscope.engine.errors import KvscopeError
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5557"
 MIN_SCRAPE_INTERVAL_S = 0.1
@@ -130,8 +128,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _specs(args: argparse.Namespace) -> list:
-    from profiler.watch.discovery import discover
-    from profiler.watch.sources import expand_sources
+    from kvscope.profiler.watch.discovery import discover
+    from kvscope.profiler.watch.sources import expand_sources
 
     listen_replay = None
     if args.listen is not None and len(args.replay) == len(args.source) + 1:
@@ -321,7 +319,9 @@ def _warn_unconnected(streams: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler.watch.session import WatchSession
+    from kvscope.db.schema import COMPLETE, FAILED, INTERRUPTED
+    from kvscope.db.store import default_db_path
+    from kvscope.profiler.watch.session import WatchSession
 
     for url in args.metrics:
         _check_url(url, "--metrics")

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from dash import ALL, Dash, Input, Output, Patch, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 
-from app.dashboard import (
+from kvscope.app.dashboard import (
     capacity_page,
     figures,
     infllm_figures,
@@ -31,11 +31,11 @@ from app.dashboard import (
     table_filter,
     watch_page,
 )
-from db import queries
-from db.infllm import retrievals
-from db.memory_budget import budget_title, measured_budget
-from db.pages import page_state_matrix
-from db.queries import (
+from kvscope.db import queries
+from kvscope.db.infllm import retrievals
+from kvscope.db.memory_budget import budget_title, measured_budget
+from kvscope.db.pages import page_state_matrix
+from kvscope.db.queries import (
     RunInfo,
     compare_runs,
     event_timeline,
@@ -48,8 +48,8 @@ from db.queries import (
     run_summary,
     step_series,
 )
-from db.sweeps import list_sweeps, sweep
-from engine.errors import KvscopeError
+from kvscope.db.sweeps import list_sweeps, sweep
+from kvscope.engine.errors import KvscopeError
 
 # Time buckets per time-series figure, snapshots and page rows per heatmap: what
 # a screen can show, whatever the size of the run.

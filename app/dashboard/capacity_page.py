@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from dash import dcc, html
 
-from app.dashboard.figures import _empty, _figure
-from db.miss_reasons import REASONS, MissCounts
-from db.sweeps import Sweep, SweepPoint
+from kvscope.app.dashboard.figures import _empty, _figure
+from kvscope.db.miss_reasons import REASONS, MissCounts
+from kvscope.db.sweeps import Sweep, SweepPoint
 
 PAGE = ("capacity", "Capacity", "/capacity")
 NO_SWEEPS = "No capacity sweep recorded yet: run kvscope replay TRACE --db FILE."

@@ -15,15 +15,15 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from db.events import EventCounts
-from db.kernels import DevicePeaks, TransferCost
-from db.memory_budget import MeasuredBudget, budget_terms
-from db.page_states import STATE_PRIVATE, STATE_SHARED, STATES
-from db.pages import PageStateMatrix
-from db.queries import GpuPoint, KernelStat, PageMatrix, RunSummary, StepPoint
-from db.requests import RequestTrace
-from db.series import CachedSources
-from engine.events import (
+from kvscope.db.events import EventCounts
+from kvscope.db.kernels import DevicePeaks, TransferCost
+from kvscope.db.memory_budget import MeasuredBudget, budget_terms
+from kvscope.db.page_states import STATE_PRIVATE, STATE_SHARED, STATES
+from kvscope.db.pages import PageStateMatrix
+from kvscope.db.queries import GpuPoint, KernelStat, PageMatrix, RunSummary, StepPoint
+from kvscope.db.requests import RequestTrace
+from kvscope.db.series import CachedSources
+from kvscope.engine.events import (
     PAGE_CACHED,
     PAGE_EVICTED,
     PAGE_FREE,

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from app.dashboard.figures import _empty, _figure
-from db.infllm import Retrieval
+from kvscope.app.dashboard.figures import _empty, _figure
+from kvscope.db.infllm import Retrieval
 
 MIB = 2**20
 

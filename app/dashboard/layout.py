@@ -10,8 +10,8 @@ from pathlib import Path
 
 from dash import dash_table, dcc, html
 
-from app.dashboard import capacity_page, long_context_page, sizing_page, watch_page
-from app.dashboard.figures import TABLE_STYLE, Tile
+from kvscope.app.dashboard import capacity_page, long_context_page, sizing_page, watch_page
+from kvscope.app.dashboard.figures import TABLE_STYLE, Tile
 
 # (key, label, path): the key prefixes every component id on the page.
 PAGES = (

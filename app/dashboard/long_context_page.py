@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 from dash import dcc, html
 
-from app.dashboard.infllm_figures import block_heatmap, resident_bytes_figure
-from db.infllm import Retrieval
+from kvscope.app.dashboard.infllm_figures import block_heatmap, resident_bytes_figure
+from kvscope.db.infllm import Retrieval
 
 PAGE = ("long-context", "Long context", "/long-context")
 NO_RETRIEVALS = "No InfLLM retrievals in this run (record one with --attention-mode infllm)."

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.dashboard.layout import PAGES
-from app.dashboard.server import Server, create_app
+from kvscope.app.dashboard.layout import PAGES
+from kvscope.app.dashboard.server import Server, create_app
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = (
@@ -64,7 +64,7 @@ def wait_for_graphs(page: Any, timeout_ms: float = 20_000) -> int:
 def demo_database(path: Path) -> list[int]:
     """Two synthetic runs that differ in one setting (host offload off, then on:
     the newest run, which pages show first, has every kind of event)."""
-    from profiler.synthetic import record_synthetic
+    from kvscope.profiler.synthetic import record_synthetic
 
     runs = []
     for seed, offload in ((2, False), (1, True)):

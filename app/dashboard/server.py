@@ -17,9 +17,9 @@ from pathlib import Path
 from dash import Dash
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
-from app.dashboard import callbacks, layout
-from db.source import reader
-from engine.errors import KvscopeError
+from kvscope.app.dashboard import callbacks, layout
+from kvscope.db.source import reader
+from kvscope.engine.errors import KvscopeError
 
 ASSETS = Path(__file__).with_name("assets")
 

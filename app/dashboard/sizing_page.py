@@ -13,11 +13,11 @@ from typing import Any
 import plotly.graph_objects as go
 from dash import dcc, html
 
-from app.cliff import cliff_figure, cliff_report
-from app.dashboard.figures import FONT, Tile
-from engine.errors import KvscopeError
-from engine.presets import DEVICES, MODELS
-from engine.sizing import KV_DTYPES
+from kvscope.app.cliff import cliff_figure, cliff_report
+from kvscope.app.dashboard.figures import FONT, Tile
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.presets import DEVICES, MODELS
+from kvscope.engine.sizing import KV_DTYPES
 
 PAGE = ("sizing", "Sizing", "/sizing")
 DEFAULTS = {"model": "llama3-8b", "device": "h100-80", "kv_dtype": "fp8_e4m3", "resident": 25}
@@ -26,7 +26,7 @@ DEFAULTS = {"model": "llama3-8b", "device": "h100-80", "kv_dtype": "fp8_e4m3", "
 def cliff(model: str, device: str, kv_dtype: str, resident_pct: float | None) -> dict[str, Any]:
     """``kvscope calc cliff --preset MODEL --device DEVICE --kv-dtype KV_DTYPE
     [--resident-tokens PCT%]`` as a dict (its ``--json``)."""
-    from app.cli import build_parser  # the CLI's own flags and defaults
+    from kvscope.app.cli import build_parser  # the CLI's own flags and defaults
 
     # A cleared control sends None: say which one, as the CLI would (its parser raises
     # KvscopeError, never exits: a callback must not end the dashboard's server).

@@ -12,7 +12,7 @@ from dataclasses import asdict, fields
 from operator import attrgetter
 from typing import Any
 
-from db.requests import RequestRow
+from kvscope.db.requests import RequestRow
 
 _FILTER_PART = re.compile(
     r"\{(?P<column>\w+)\}\s*(?P<case>[si])?(?P<op>contains|datestartswith|eq|ne|le|lt|ge|gt|"

@@ -18,9 +18,9 @@ import plotly.graph_objects as go
 from dash import dash_table, dcc, html, no_update
 from plotly.subplots import make_subplots
 
-from app.dashboard.figures import TABLE_STYLE
-from db import watch_queries as q
-from db.source import reader
+from kvscope.app.dashboard.figures import TABLE_STYLE
+from kvscope.db import watch_queries as q
+from kvscope.db.source import reader
 
 PAGE = ("watch", "Watched deployment", "/watch")
 TIME_AXIS = "time since start (s)"

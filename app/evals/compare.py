@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from app.evals.corpus import long_text_ids
-from app.evals.passkey import build_case
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.events import Event, InfLLMRetrieval
-from engine.loader import LoadedModel
-from engine.sampler import SamplingParams
+from kvscope.app.evals.corpus import long_text_ids
+from kvscope.app.evals.passkey import build_case
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.events import Event, InfLLMRetrieval
+from kvscope.engine.loader import LoadedModel
+from kvscope.engine.sampler import SamplingParams
 
 MODES = ("full", "infllm")
 SCORE_REQUEST = -1  # the request id Engine.score runs under

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.evals.compare import PasskeyRow, PerplexityRow
+from kvscope.app.evals.compare import PasskeyRow, PerplexityRow
 
 
 def passkey_table(rows: list[PasskeyRow]) -> list[dict]:

@@ -17,13 +17,13 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from sqlite_utils import Database
 
-from app.dashboard import capacity_page, figures, watch_page
-from app.dashboard.server import ASSETS
-from db import queries
-from db.memory_budget import budget_title, measured_budget
-from db.miss_reasons import run_miss_reasons
-from db.pages import page_state_matrix
-from db.queries import (
+from kvscope.app.dashboard import capacity_page, figures, watch_page
+from kvscope.app.dashboard.server import ASSETS
+from kvscope.db import queries
+from kvscope.db.memory_budget import budget_title, measured_budget
+from kvscope.db.miss_reasons import run_miss_reasons
+from kvscope.db.pages import page_state_matrix
+from kvscope.db.queries import (
     gpu_series,
     kernel_stats,
     page_maps,

@@ -17,8 +17,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from app.replay_db import trace_from_run
-from engine.replay.traces import ReplayTrace
+from kvscope.app.replay_db import trace_from_run
+from kvscope.engine.replay.traces import ReplayTrace
 
 
 def mooncake_records(trace: ReplayTrace) -> Iterator[dict]:

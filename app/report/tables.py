@@ -19,10 +19,10 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from db import queries
-from db import watch_queries as wq
-from db.formulas import KernelStat, RunSummary
-from db.queries import RequestRow, kernel_stats, requests_table, run_info, run_summary
+from kvscope.db import queries
+from kvscope.db import watch_queries as wq
+from kvscope.db.formulas import KernelStat, RunSummary
+from kvscope.db.queries import RequestRow, kernel_stats, requests_table, run_info, run_summary
 
 Table = tuple[list[str], Iterable[tuple]]
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from db import queries
-from db.queries import event_timeline, run_info, step_series
-from engine.events import RequestPreempted, RequestResumed
+from kvscope.db import queries
+from kvscope.db.queries import event_timeline, run_info, step_series
+from kvscope.engine.events import RequestPreempted, RequestResumed
 
 KERNELS_PID, REQUESTS_PID, ENGINE_PID = 1, 2, 3
 

@@ -36,8 +36,8 @@ def run_tui(
     Raises KvscopeError (one line for the CLI) for a missing, empty or foreign
     database or an unknown run id, before the UI starts.
     """
-    from app.tui.app import KvscopeApp
-    from app.tui.data import check_database
+    from kvscope.app.tui.app import KvscopeApp
+    from kvscope.app.tui.data import check_database
 
     path = Path(db_path)
     check_database(path, run_id, missing_ok=job is not None, no_runs_ok=follow or job is not None)

@@ -27,14 +27,14 @@ from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
 
-from app.tui import Job, fmt
-from app.tui.cpu_budget import LIVE_DUTY, REPLAY_DUTY, CpuBudget
-from app.tui.data import RunReader, View
-from app.tui.help_screen import HelpScreen
-from app.tui.keys import BINDINGS
-from app.tui.legend import Legend, legend_text
-from app.tui.page_grid import PageGrid
-from app.tui.panels import (
+from kvscope.app.tui import Job, fmt
+from kvscope.app.tui.cpu_budget import LIVE_DUTY, REPLAY_DUTY, CpuBudget
+from kvscope.app.tui.data import RunReader, View
+from kvscope.app.tui.help_screen import HelpScreen
+from kvscope.app.tui.keys import BINDINGS
+from kvscope.app.tui.legend import Legend, legend_text
+from kvscope.app.tui.page_grid import PageGrid
+from kvscope.app.tui.panels import (
     Panel,
     churn_text,
     fragmentation_text,
@@ -44,15 +44,15 @@ from app.tui.panels import (
     prefix_text,
     throughput_text,
 )
-from app.tui.playback import Playback, default_speed
-from app.tui.quit_screen import DETACH, STOP, QuitScreen
-from app.tui.requests_table import RequestsTable
-from app.tui.run_picker import RunPicker
-from app.tui.timeline import Timeline
-from app.tui.watch_view import WatchView
-from db import queries
-from db.schema import RUNNING
-from engine.errors import KvscopeError
+from kvscope.app.tui.playback import Playback, default_speed
+from kvscope.app.tui.quit_screen import DETACH, STOP, QuitScreen
+from kvscope.app.tui.requests_table import RequestsTable
+from kvscope.app.tui.run_picker import RunPicker
+from kvscope.app.tui.timeline import Timeline
+from kvscope.app.tui.watch_view import WatchView
+from kvscope.db import queries
+from kvscope.db.schema import RUNNING
+from kvscope.engine.errors import KvscopeError
 
 # Key actions that act on an engine run's steps and requests (not on a watched deployment).
 ENGINE_RUN_ACTIONS = frozenset(

@@ -16,19 +16,19 @@ from pathlib import Path
 
 import numpy as np
 
-from db import queries
-from db.events import CHURN_KINDS, Counters, counters, events_per_bucket
-from db.formulas import KernelStat
-from db.infllm import Retrieval, has_retrievals, retrievals
-from db.memory_budget import MeasuredBudget, measured_budget
-from db.page_states import StepPages
-from db.pages import PageSnapshot, owners_at, page_map_at, step_pages, tree_pages
-from db.requests import RequestState, requests_at
-from db.runs import RunInfo, newest_run, run_info
-from db.series import GpuPoint, StepPoint, StepRow, StepTimes, step_row, step_times
-from db.source import Position, run_origin
-from db.store import empty_file, open_db
-from engine.errors import KvscopeError
+from kvscope.db import queries
+from kvscope.db.events import CHURN_KINDS, Counters, counters, events_per_bucket
+from kvscope.db.formulas import KernelStat
+from kvscope.db.infllm import Retrieval, has_retrievals, retrievals
+from kvscope.db.memory_budget import MeasuredBudget, measured_budget
+from kvscope.db.page_states import StepPages
+from kvscope.db.pages import PageSnapshot, owners_at, page_map_at, step_pages, tree_pages
+from kvscope.db.requests import RequestState, requests_at
+from kvscope.db.runs import RunInfo, newest_run, run_info
+from kvscope.db.series import GpuPoint, StepPoint, StepRow, StepTimes, step_row, step_times
+from kvscope.db.source import Position, run_origin
+from kvscope.db.store import empty_file, open_db
+from kvscope.engine.errors import KvscopeError
 
 # Seconds of recent history behind the "window" figures (hit rate, rates, tokens/s).
 WINDOW_S = 10.0

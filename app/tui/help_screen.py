@@ -10,8 +10,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from app.tui.keys import BINDINGS, OTHER_KEYS
-from app.tui.palette import SHARED_SHADES, STATE_COLOURS, STATE_NAMES
+from kvscope.app.tui.keys import BINDINGS, OTHER_KEYS
+from kvscope.app.tui.palette import SHARED_SHADES, STATE_COLOURS, STATE_NAMES
 
 PANELS = (
     ("Page occupancy", "one cell per KV page (several per cell when they do not fit)"),

@@ -9,9 +9,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from app.tui import fmt
-from app.tui.data import View
-from app.tui.palette import SHARED_SHADES, STATE_COLOURS, STATE_NAMES, owner_colour
+from kvscope.app.tui import fmt
+from kvscope.app.tui.data import View
+from kvscope.app.tui.palette import SHARED_SHADES, STATE_COLOURS, STATE_NAMES, owner_colour
 
 NOTE = "#6b7385"
 

@@ -23,8 +23,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from app.tui.palette import BACKGROUND, faded, owner_colour, state_colour
-from db.page_states import (
+from kvscope.app.tui.palette import BACKGROUND, faded, owner_colour, state_colour
+from kvscope.db.page_states import (
     STATE_SHARED,
     StepPages,
     cell_any,
@@ -32,7 +32,7 @@ from db.page_states import (
     cell_holders,
     cell_states,
 )
-from db.pages import dominant_owners
+from kvscope.db.pages import dominant_owners
 
 # Cell shapes from largest to smallest: (glyph, characters per cell, lines per
 # cell row). The first that fits all pages is used; the glyph's empty top part

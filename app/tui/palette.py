@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from textual.color import Color
 
-from db.page_states import (
+from kvscope.db.page_states import (
     PAGE_OFFLOADED,
     STATE_CACHED,
     STATE_EVICTED,
@@ -13,7 +13,7 @@ from db.page_states import (
     STATE_OFFLOADED,
     STATE_SHARED,
 )
-from engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
+from kvscope.engine.events import PAGE_CACHED, PAGE_EVICTED, PAGE_FREE
 
 STATE_COLOURS = {
     PAGE_FREE: "#3b4252",

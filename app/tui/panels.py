@@ -16,12 +16,12 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from app.tui import fmt
-from app.tui.data import View
-from db import formulas
-from db.events import CHURN_KINDS
-from db.kernels import device_peaks
-from db.memory_budget import MeasuredBudget, fixed_kv_budget
+from kvscope.app.tui import fmt
+from kvscope.app.tui.data import View
+from kvscope.db import formulas
+from kvscope.db.events import CHURN_KINDS
+from kvscope.db.kernels import device_peaks
+from kvscope.db.memory_budget import MeasuredBudget, fixed_kv_budget
 
 LABEL_STYLE = "#8c9bb0"
 VALUE_STYLE = "bold #e5e9f0"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from db.series import StepTimes
+from kvscope.db.series import StepTimes
 
 # Replay speeds (run seconds per wall second); a replay starts at the one that
 # plays the whole run in about REPLAY_TARGET_S.

@@ -18,9 +18,9 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import DataTable
 
-from app.tui import fmt
-from app.tui.palette import owner_colour
-from db.requests import RequestState
+from kvscope.app.tui import fmt
+from kvscope.app.tui.palette import owner_colour
+from kvscope.db.requests import RequestState
 
 
 @dataclass(frozen=True, slots=True)

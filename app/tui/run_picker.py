@@ -9,8 +9,8 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from app.tui import fmt
-from db.queries import RunInfo
+from kvscope.app.tui import fmt
+from kvscope.db.queries import RunInfo
 
 STATUS_STYLES = {
     "running": "bold #59a14f",

@@ -16,11 +16,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from app.tui.app import KvscopeApp
-from app.tui.data import check_database
-from app.tui.watch_view import WatchView
-from db import queries, series
-from engine.errors import KvscopeError
+from kvscope.app.tui.app import KvscopeApp
+from kvscope.app.tui.data import check_database
+from kvscope.app.tui.watch_view import WatchView
+from kvscope.db import queries, series
+from kvscope.engine.errors import KvscopeError
 
 # (file name, terminal size, keys pressed before the picture)
 SHOTS = (
@@ -102,7 +102,7 @@ def shoot(
 
 def record_real_run(path: Path) -> None:
     """Record the pictures' run: the real model on the built-in chat workload."""
-    command = [sys.executable, "-m", "app.cli", "run", "--headless", "--requests", "16"]
+    command = [sys.executable, "-m", "kvscope.app.cli", "run", "--headless", "--requests", "16"]
     done = subprocess.run([*command, "--db", str(path)], capture_output=True, text=True)
     if done.returncode != 0:
         last = done.stderr.strip().splitlines()[-1:] or ["no message"]

@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from app.tui import fmt
+from kvscope.app.tui import fmt
 
 
 class Timeline(Widget):

@@ -24,7 +24,7 @@ from textual import work
 from textual.binding import Binding
 from textual.widgets import Static
 
-from db import watch_queries as q
+from kvscope.db import watch_queries as q
 
 REFRESH_S = 1.0
 

@@ -8,14 +8,14 @@ them, copies on growth) is measured rather than asserted.
 
 from __future__ import annotations
 
-from engine.alloc_sim.allocators import (
+from kvscope.engine.alloc_sim.allocators import (
     Allocator,
     DoublingAllocator,
     MaxReservationAllocator,
     PagedAllocator,
 )
-from engine.alloc_sim.arena import Arena
-from engine.alloc_sim.replay import SimResult, Timeline, replay
+from kvscope.engine.alloc_sim.arena import Arena
+from kvscope.engine.alloc_sim.replay import SimResult, Timeline, replay
 
 __all__ = [
     "Allocator",

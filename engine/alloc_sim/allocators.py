@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from engine.alloc_sim.arena import Arena
+from kvscope.engine.alloc_sim.arena import Arena
 
 
 class Allocator(ABC):

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from engine.alloc_sim.allocators import Allocator
-from engine.errors import KvscopeError
-from engine.traces import TraceRequest
+from kvscope.engine.alloc_sim.allocators import Allocator
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.traces import TraceRequest
 
 
 @dataclass(slots=True)

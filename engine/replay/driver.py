@@ -58,10 +58,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
-from engine.errors import KvscopeError
-from engine.events import (
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import (
     ChunkScheduled,
     EventBus,
     FirstToken,
@@ -72,78 +72,21 @@ from engine.events import (
     StepSummary,
     now_ns,
 )
-from engine.eviction import POLICIES, make_policy
-from engine.kv_manager import KVCacheManager
-from engine.presets import device_preset, model_preset
-from engine.radix_cache import RadixCache
-from engine.replay.host import SlotTier
-from engine.replay.timing import Roofline
-from engine.replay.tokens import KeySpace, PageTokens
-from engine.replay.traces import ReplayTrace, TraceEntry, next_uses, page_contents
-from engine.request import Request, Status
-from engine.sampler import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sizing import kv_bytes_per_token, reload_cost
+from kvscope.engine.eviction import make_policy
+from kvscope.engine.kv_manager import KVCacheManager
+from kvscope.engine.presets import device_preset, model_preset
+from kvscope.engine.radix_cache import RadixCache
+from kvscope.engine.replay.config import ReplayConfig, ReplayResult, request_tokens
+from kvscope.engine.replay.host import SlotTier
+from kvscope.engine.replay.timing import Roofline
+from kvscope.engine.replay.tokens import KeySpace, PageTokens
+from kvscope.engine.replay.traces import ReplayTrace, TraceEntry, next_uses, page_contents
+from kvscope.engine.request import Request, Status
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.scheduler import Scheduler
+from kvscope.engine.sizing import reload_cost
 
-TIMINGS = ("sequential", "roofline")
 UNLIMITED_BATCH = 1 << 40
-
-
-@dataclass(slots=True)
-class ReplayConfig:
-    capacity_tokens: int | None = None  # None: unlimited (nothing is ever evicted)
-    page_size: int = 512
-    eviction_policy: str = "lru"
-    timing: str = "sequential"
-    offload: str = "never"  # never | always | auto (reload when cheaper than recompute)
-    host_tokens: int = 0  # host tier size for offload / swap
-    preemption: str = "recompute"
-    max_batched_tokens: int = 8192  # roofline only; sequential runs a request in one step
-    max_num_seqs: int = 256
-    model: str = "llama3-8b"  # preset: bytes per token and the roofline's parameters
-    kv_dtype: str = "fp16"
-    device: str = "h100-80"  # roofline device preset
-    speed: float = 1.0  # roofline: arrival times divided by this
-    page_maps: int = 200  # page-map snapshots per recorded run (about)
-    check_every: int = 0  # steps between full integrity checks (tests); 0 = never
-    # Cache pages that hold output tokens too (the live engine does). Off by default: a
-    # hash-id trace already names every prompt block, a previous turn's output included,
-    # so fresh output pages would hold the same memory twice and never hit.
-    cache_outputs: bool = False
-    # Requests longer than this (prompt + output) are refused, as vLLM refuses a request
-    # beyond the model's context; None: no limit.
-    max_model_len: int | None = None
-
-    def __post_init__(self) -> None:
-        def check(ok: bool, message: str) -> None:
-            if not ok:
-                raise KvscopeError(message)
-
-        check(self.capacity_tokens is None or self.capacity_tokens > 0, "capacity must be > 0")
-        check(self.page_size >= 1, "page size must be >= 1")
-        check(
-            self.eviction_policy in POLICIES,
-            f"eviction policy must be one of {', '.join(POLICIES)}",
-        )
-        check(self.timing in TIMINGS, f"timing must be one of {', '.join(TIMINGS)}")
-        check(self.offload in ("never", "always", "auto"), "offload must be never, always or auto")
-        check(self.preemption in ("recompute", "swap"), "preemption must be recompute or swap")
-        check(self.speed > 0, "speed must be > 0")
-        check(self.max_batched_tokens >= 1 and self.max_num_seqs >= 1, "batch limits must be >= 1")
-        check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
-        model_preset(self.model)  # raise on unknown names here, before anything runs
-        if self.timing == "roofline":
-            device_preset(self.device)
-
-    def admits(self, entry: TraceEntry) -> bool:
-        """Whether ``entry`` fits the context (prompt + at least one output token, as vLLM
-        checks prompt + max_tokens): a request beyond it is refused at arrival."""
-        return self.max_model_len is None or request_tokens(entry) <= self.max_model_len
-
-    @property
-    def bytes_per_token(self) -> float:
-        m = model_preset(self.model)
-        return kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, self.kv_dtype)
 
 
 @dataclass(slots=True)
@@ -159,48 +102,6 @@ class Prepared:
 def prepare(trace: ReplayTrace, page_size: int, belady: bool = False) -> Prepared:
     keys, space = page_contents(trace, page_size)
     return Prepared(page_size, keys, space, next_uses(keys) if belady else None)
-
-
-@dataclass(slots=True)
-class ReplayResult:
-    requests: int
-    finished: int
-    rejected: int
-    queried_tokens: int
-    hit_tokens: int
-    steps: int
-    evicted_pages: int
-    offloaded_pages: int
-    reloaded_pages: int
-    preemptions: int
-    pool_pages: int
-    capacity_tokens: int | None
-    wall_s: float
-    cpu_s: float  # this process's CPU time over the replay (a recorder's writer thread included)
-    simulated_s: float
-    ttft_mean_s: float | None = None
-    ttft_p50_s: float | None = None
-    ttft_p99_s: float | None = None
-    queue_mean_s: float | None = None
-    queue_p99_s: float | None = None
-    # The rejected requests by reason ("context", "capacity"): {"count", "first", "tokens"},
-    # the first being the trace line (or recorded request) of the first one refused.
-    refused: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
-
-    def summary(self) -> dict:
-        out = asdict(self)
-        out["hit_rate"] = self.hit_rate
-        return out
-
-
-def request_tokens(entry: TraceEntry) -> int:
-    """What a request holds at its end: its prompt and at least one output token."""
-    return entry.input_len + max(1, entry.output_len)
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -267,7 +168,7 @@ class ReplayDriver:
         )
         kv.prefix = self.cache
         batch = UNLIMITED_BATCH if self.sequential else cfg.max_batched_tokens
-        from engine.engine_config import EngineConfig  # the scheduler's knobs only
+        from kvscope.engine.engine_config import EngineConfig  # the scheduler's knobs only
 
         self.engine_config = EngineConfig(
             kv_budget_bytes=max(1, int(num_pages * page_bytes)),

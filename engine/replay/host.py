@@ -8,7 +8,7 @@ slots are free, and how long a page's copy over the device's host link takes
 
 from __future__ import annotations
 
-from engine.host_tier import HostTier
+from kvscope.engine.host_tier import HostTier
 
 
 class SlotTier(HostTier):

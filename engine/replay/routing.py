@@ -36,13 +36,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from engine.errors import KvscopeError
-from engine.events import EventBus
-from engine.replay.driver import Prepared, ReplayConfig, ReplayDriver, prepare
-from engine.replay.tokens import PageTokens
-from engine.replay.traces import ReplayTrace
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import EventBus
+from kvscope.engine.replay.config import ROUTINGS, ReplayConfig
+from kvscope.engine.replay.driver import Prepared, ReplayDriver, prepare
+from kvscope.engine.replay.tokens import PageTokens
+from kvscope.engine.replay.traces import ReplayTrace
 
-ROUTINGS = ("round-robin", "least-loaded", "prefix-aware")
 BALANCE = 1.25  # prefix-aware passes over replicas given more than this x the least given
 
 

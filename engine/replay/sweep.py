@@ -11,15 +11,15 @@ the driver emits on and a ``close(result, status)`` to call when the point ends.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from engine.events import EventBus
-from engine.replay.driver import Prepared, ReplayConfig, ReplayDriver, ReplayResult, prepare
-from engine.replay.traces import ReplayTrace
+from kvscope.engine.events import EventBus
+from kvscope.engine.replay.config import ReplayConfig, ReplayResult, default_workers
+from kvscope.engine.replay.driver import Prepared, ReplayDriver, prepare
+from kvscope.engine.replay.traces import ReplayTrace
 
 
 class Session(Protocol):
@@ -65,10 +65,6 @@ def _run_point(index: int) -> tuple[int, ReplayResult | None, Any]:
         raise
     extra = close(result, "complete") if close is not None else None
     return index, result, extra
-
-
-def default_workers() -> int:
-    return max(1, min(2, os.cpu_count() or 1))
 
 
 def run_sweep(

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.model_config import ModelConfig
-from engine.presets import Device
-from engine.sizing import WEIGHT_BYTES_PER_PARAM
+from kvscope.engine.model_config import ModelConfig
+from kvscope.engine.presets import Device
+from kvscope.engine.sizing import WEIGHT_BYTES_PER_PARAM
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.errors import KvscopeError
-from engine.replay.tokens import NEVER, KeySpace
-from engine.traces import is_time, jsonl_records
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.replay.tokens import NEVER, KeySpace
+from kvscope.engine.traces import is_time, jsonl_records
 
 FORMATS = ("mooncake", "bailian", "kvscope")
 DEFAULT_BLOCK_SIZE = {"mooncake": 512, "bailian": 16}

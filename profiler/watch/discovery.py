@@ -12,9 +12,9 @@ import urllib.error
 from typing import Any
 from urllib.parse import urlsplit
 
-from engine.errors import KvscopeError
-from profiler.watch.scraper import fetch_text
-from profiler.watch.sources import SourceSpec, expand_sources
+from kvscope.engine.errors import KvscopeError
+from kvscope.profiler.watch.scraper import fetch_text
+from kvscope.profiler.watch.sources import SourceSpec, expand_sources
 
 _WILDCARDS = ("", "*", "0.0.0.0", "::", "[::]")
 

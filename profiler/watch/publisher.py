@@ -20,8 +20,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from engine.errors import KvscopeError
-from profiler.watch.wire import REPLAY_END, pack_seq
+from kvscope.engine.errors import KvscopeError
+from kvscope.profiler.watch.wire import REPLAY_END, pack_seq
 
 
 def vllm_block_stored(

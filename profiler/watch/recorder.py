@@ -23,21 +23,21 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from db.runs import HEARTBEAT_STALE_S, resolve_status
-from db.schema import COMPLETE, FAILED, INCOMPLETE, RUNNING
-from db.store import open_db
-from db.watch_queries import LAG_METRIC, PRESSURE_SOURCE, QUEUE_METRIC
-from db.watch_schema import EVENTS_SOURCE, METRICS_SOURCE, OP_RESET, WATCH_KIND
-from db.watch_writer import WatchBatch, WatchWriter
-from db.writer import create_run
-from engine.errors import KvscopeError
-from engine.events import now_ns
-from profiler.hardware import describe_versions
-from profiler.watch.prom_text import parse_labels
-from profiler.watch.rows import SourceAttrs, batch_rows
-from profiler.watch.subscriber import Stream
-from profiler.watch.wire import EventBatch
-from profiler.watch.writer_process import WriterProcess
+from kvscope.db.runs import HEARTBEAT_STALE_S, resolve_status
+from kvscope.db.schema import COMPLETE, FAILED, INCOMPLETE, RUNNING
+from kvscope.db.store import open_db
+from kvscope.db.watch_queries import LAG_METRIC, PRESSURE_SOURCE, QUEUE_METRIC
+from kvscope.db.watch_schema import EVENTS_SOURCE, METRICS_SOURCE, OP_RESET, WATCH_KIND
+from kvscope.db.watch_writer import WatchBatch, WatchWriter
+from kvscope.db.writer import create_run
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import now_ns
+from kvscope.profiler.hardware import describe_versions
+from kvscope.profiler.watch.prom_text import parse_labels
+from kvscope.profiler.watch.rows import SourceAttrs, batch_rows
+from kvscope.profiler.watch.subscriber import Stream
+from kvscope.profiler.watch.wire import EventBatch
+from kvscope.profiler.watch.writer_process import WriterProcess
 
 log = logging.getLogger(__name__)
 TRIM_EVERY_S = 60.0

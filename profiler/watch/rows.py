@@ -29,8 +29,8 @@ from typing import Any
 
 import msgspec
 
-from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
-from profiler.watch.wire import (
+from kvscope.db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
+from kvscope.profiler.watch.wire import (
     _MAX_INT64,
     _TWO_64,
     ALL_BLOCKS_CLEARED,

@@ -15,8 +15,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from engine.events import now_ns
-from profiler.watch.prom_text import label_text, parse
+from kvscope.engine.events import now_ns
+from kvscope.profiler.watch.prom_text import label_text, parse
 
 PREFIXES = ("vllm:", "sglang:")
 TIMEOUT_S = 5.0

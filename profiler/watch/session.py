@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from db.schema import COMPLETE, FAILED
-from engine.errors import KvscopeError
-from profiler.watch.recorder import WatchRecorder
-from profiler.watch.scraper import Scraper
-from profiler.watch.sources import SourceSpec
-from profiler.watch.subscriber import Subscriber
+from kvscope.db.schema import COMPLETE, FAILED
+from kvscope.engine.errors import KvscopeError
+from kvscope.profiler.watch.recorder import WatchRecorder
+from kvscope.profiler.watch.scraper import Scraper
+from kvscope.profiler.watch.sources import SourceSpec
+from kvscope.profiler.watch.subscriber import Subscriber
 
 
 @dataclass(slots=True)

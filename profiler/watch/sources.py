@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.errors import KvscopeError
+from kvscope.engine.errors import KvscopeError
 
 ENGINES = ("vllm", "sglang")
 _SCHEMES = ("tcp://", "ipc://", "inproc://")

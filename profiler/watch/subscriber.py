@@ -24,10 +24,10 @@ from typing import Protocol
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from engine.errors import KvscopeError
-from profiler.watch.sequence import SequenceTracker, Verdict
-from profiler.watch.sources import SourceSpec, offset_endpoint
-from profiler.watch.wire import (
+from kvscope.engine.errors import KvscopeError
+from kvscope.profiler.watch.sequence import SequenceTracker, Verdict
+from kvscope.profiler.watch.sources import SourceSpec, offset_endpoint
+from kvscope.profiler.watch.wire import (
     REPLAY_END,
     EventBatch,
     decode_batch,

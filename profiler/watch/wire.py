@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from engine.errors import KvscopeError
+from kvscope.engine.errors import KvscopeError
 
 BLOCK_STORED = "BlockStored"
 BLOCK_REMOVED = "BlockRemoved"

@@ -40,10 +40,10 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from db.schema import FAILED
-from db.watch_writer import WatchBatch
-from engine.errors import KvscopeError
-from profiler.watch.handover import INLINE_MAX, SlotReader, SlotWriter
+from kvscope.db.schema import FAILED
+from kvscope.db.watch_writer import WatchBatch
+from kvscope.engine.errors import KvscopeError
+from kvscope.profiler.watch.handover import INLINE_MAX, SlotReader, SlotWriter
 
 FINISH_TIMEOUT_S = 600.0  # the last batch and the final persist
 _BATCH_FIELDS = tuple(WatchBatch.__dataclass_fields__)
@@ -248,8 +248,8 @@ def _serve(db_path: str, run_id: int, rows_written: int, freeze_gc: bool, pipe: 
 def _serve_until_finished(
     db_path: str, run_id: int, rows_written: int, freeze_gc: bool, pipe: Connection
 ) -> None:
-    from db.store import open_db
-    from db.watch_writer import WatchWriter
+    from kvscope.db.store import open_db
+    from kvscope.db.watch_writer import WatchWriter
 
     # The watching process decides when to stop: Ctrl-C, or a supervisor's SIGTERM to
     # the whole group, reaches this child too, which then writes what it is handed.

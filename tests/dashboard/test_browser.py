@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from infllm_recording import record_infllm
 
-from app.dashboard.layout import PAGES
-from app.dashboard.screenshots import DEMO_CONFIG, VIEWPORT, wait_for_graphs
-from app.dashboard.server import Server, create_app
-from app.watch_demo import record_watch_demo
-from engine.events import RequestArrived, StepSummary, now_ns
-from profiler.recorder import Recorder
-from profiler.synthetic import SyntheticRun, record_synthetic
+from kvscope.app.dashboard.layout import PAGES
+from kvscope.app.dashboard.screenshots import DEMO_CONFIG, VIEWPORT, wait_for_graphs
+from kvscope.app.dashboard.server import Server, create_app
+from kvscope.app.watch_demo import record_watch_demo
+from kvscope.engine.events import RequestArrived, StepSummary, now_ns
+from kvscope.profiler.recorder import Recorder
+from kvscope.profiler.synthetic import SyntheticRun, record_synthetic
+
+from support.infllm_recording import record_infllm
 
 pytestmark = pytest.mark.browser
 

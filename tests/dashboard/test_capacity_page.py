@@ -7,19 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dash_callbacks import call
 
-from app.cli import main
-from app.dashboard.capacity_page import (
+from kvscope.app.cli import main
+from kvscope.app.dashboard.capacity_page import (
     NO_SWEEPS,
     capacity_figure,
     miss_reasons_figure,
     miss_split_figure,
 )
-from app.dashboard.layout import PAGES
-from app.dashboard.server import create_app
-from db.miss_reasons import run_miss_reasons
-from db.sweeps import list_sweeps, sweep
+from kvscope.app.dashboard.layout import PAGES
+from kvscope.app.dashboard.server import create_app
+from kvscope.db.miss_reasons import run_miss_reasons
+from kvscope.db.sweeps import list_sweeps, sweep
+
+from support.dash_callbacks import call
 
 SLICE = Path(__file__).parent.parent / "data" / "mooncake_conversation_head400.jsonl"
 

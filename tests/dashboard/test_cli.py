@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from app.cli import main
+from kvscope.app.cli import main
 
 
 def _error_line(capsys) -> str:
@@ -36,7 +36,7 @@ def test_port_in_use(synthetic_db, capsys):
 
 
 def test_binds_loopback_by_default():
-    from app.cli import build_parser
+    from kvscope.app.cli import build_parser
 
     args = build_parser().parse_args(["dash"])
     assert (args.host, args.port) == ("127.0.0.1", 8050)

@@ -6,15 +6,15 @@ import dataclasses
 
 import pytest
 
-from app.dashboard import table_filter
-from db import queries
-from db.queries import RequestRow, requests_table, run_info, step_series
-from db.store import open_db
-from db.writer import Writer
-from engine.errors import KvscopeError
-from engine.events import PagesAllocated, PagesFreed, RequestArrived, RequestFinished
-from engine.presets import device_preset
-from profiler.recorder import to_batch
+from kvscope.app.dashboard import table_filter
+from kvscope.db import queries
+from kvscope.db.queries import RequestRow, requests_table, run_info, step_series
+from kvscope.db.store import open_db
+from kvscope.db.writer import Writer
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import PagesAllocated, PagesFreed, RequestArrived, RequestFinished
+from kvscope.engine.presets import device_preset
+from kvscope.profiler.recorder import to_batch
 
 
 def test_cached_sources_split_hits_and_reloads(synthetic_db):
@@ -76,8 +76,8 @@ def test_device_peaks_prefer_the_measured_gpu(synthetic_db):
 def test_a_cpu_run_reads_against_the_cpu_preset_in_the_tui_and_the_dashboard(synthetic_db):
     """One answer for %peak: the kernel stats (dashboard table, TUI panel) and the
     roofline (dashboard) use the same peaks; the TUI caption names them."""
-    from app.tui.data import RunReader
-    from app.tui.panels import kernels_table
+    from kvscope.app.tui.data import RunReader
+    from kvscope.app.tui.panels import kernels_table
 
     path, run_id, _ = synthetic_db
     with queries.reader(path) as db:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.dashboard import figures
-from db import queries
-from db.pages import dominant_owners
-from db.queries import (
+from kvscope.app.dashboard import figures
+from kvscope.db import queries
+from kvscope.db.pages import dominant_owners
+from kvscope.db.queries import (
     compare_runs,
     gpu_series,
     kernel_stats,
@@ -17,7 +17,7 @@ from db.queries import (
     run_summary,
     step_series,
 )
-from engine.events import KernelTiming, RequestPreempted
+from kvscope.engine.events import KernelTiming, RequestPreempted
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,18 @@ recorded numbers, N/A where a run has none."""
 from __future__ import annotations
 
 import pytest
-from dash_callbacks import call
-from infllm_recording import record_infllm
 
-from app.dashboard import sizing_page
-from app.dashboard.layout import PAGES
-from app.dashboard.long_context_page import NO_RETRIEVALS
-from app.dashboard.screenshots import DEMO_CONFIG
-from app.dashboard.server import create_app
-from db.infllm import retrievals
-from db.memory_budget import measured_budget
-from profiler.synthetic import record_synthetic
+from kvscope.app.dashboard import sizing_page
+from kvscope.app.dashboard.layout import PAGES
+from kvscope.app.dashboard.long_context_page import NO_RETRIEVALS
+from kvscope.app.dashboard.screenshots import DEMO_CONFIG
+from kvscope.app.dashboard.server import create_app
+from kvscope.db.infllm import retrievals
+from kvscope.db.memory_budget import measured_budget
+from kvscope.profiler.synthetic import record_synthetic
+
+from support.dash_callbacks import call
+from support.infllm_recording import record_infllm
 
 
 @pytest.fixture(scope="module")

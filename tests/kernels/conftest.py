@@ -10,7 +10,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernels.triton_kv import interpreting  # noqa: E402
+from kvscope.kernels.triton_kv import interpreting  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

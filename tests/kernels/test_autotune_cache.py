@@ -6,7 +6,7 @@ import inspect
 
 import triton
 
-from kernels.launch_configs import autotune_cache_kwargs
+from kvscope.kernels.launch_configs import autotune_cache_kwargs
 
 
 def test_cache_results_only_from_triton_3_4():

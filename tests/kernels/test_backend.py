@@ -9,17 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_cases import cu_seqlens, max_rel_error, paged_batch, poisoned
 
-from kernels import (
+from kvscope.kernels import (
     BackendError,
     flash_attention_varlen,
     paged_attention,
     paged_attention_torch,
     resolve_backend,
 )
-from kernels.backend import visible_pairs
-from kernels.reference import attention_reference, paged_attention_reference
+from kvscope.kernels.backend import visible_pairs
+from kvscope.kernels.reference import attention_reference, paged_attention_reference
+
+from support.kernel_cases import cu_seqlens, max_rel_error, paged_batch, poisoned
 
 REPO = Path(__file__).resolve().parents[2]
 

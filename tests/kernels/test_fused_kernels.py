@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.model import apply_rotary
-from engine.sizing import KV_DTYPES
-from kernels.kv_quant import KVPages
-from kernels.triton_rmsnorm import add_rms_norm_triton
-from kernels.triton_rope_kv import fused_write_supported, rope_kv_write_triton
-from kernels.triton_silu import silu_mul_triton
+from kvscope.engine.model import apply_rotary
+from kvscope.engine.sizing import KV_DTYPES
+from kvscope.kernels.kv_quant import KVPages
+from kvscope.kernels.triton_rmsnorm import add_rms_norm_triton
+from kvscope.kernels.triton_rope_kv import fused_write_supported, rope_kv_write_triton
+from kvscope.kernels.triton_silu import silu_mul_triton
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}
 
@@ -121,9 +121,9 @@ def test_fused_engine_matches_torch_engine(weights_dtype: str, kv_dtype: str) ->
     """A tiny model's logits through the fused kernels (Triton attention) against the torch
     path's, prefill and decode steps alike: equal within 1e-4 in fp32; in bf16 no further
     from the fp32 logits than the torch path's own bf16 logits are (twice, at most)."""
-    from engine.engine import Engine
-    from engine.engine_config import EngineConfig
-    from tests.tiny_model import tiny_loaded
+    from kvscope.engine.engine import Engine
+    from kvscope.engine.engine_config import EngineConfig
+    from kvscope.engine.tiny import tiny_loaded
 
     def logits(weights: str, kv: str, fused: bool, backend: str) -> torch.Tensor:
         config = EngineConfig(
@@ -148,7 +148,7 @@ def test_fused_engine_matches_torch_engine(weights_dtype: str, kv_dtype: str) ->
 def test_int4_weights_reproduce_a_q4_1_grid(seed: int) -> None:
     """Weights already on a Q4_1 grid (what a Q4_1 GGUF dequantizes to) survive int4
     packing up to the bf16 scales: the product is as close as bf16 weights' product."""
-    from engine.model import Projection
+    from kvscope.engine.model import Projection
 
     out_dim, in_dim = 96, 128
     d = torch.rand(out_dim, in_dim // 32, 1) * 0.01 + 1e-3

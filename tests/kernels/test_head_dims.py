@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import cu_seqlens, max_rel_error, paged_batch
 
-from kernels import flash_attention_varlen, paged_attention
-from kernels.kv_quant import INT4_GROUP
-from kernels.reference import attention_reference, paged_attention_reference
+from kvscope.kernels import flash_attention_varlen, paged_attention
+from kvscope.kernels.kv_quant import INT4_GROUP
+from kvscope.kernels.reference import attention_reference, paged_attention_reference
+
+from support.kernel_cases import cu_seqlens, max_rel_error, paged_batch
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 # Each quantized format runs with a different query dtype, so every dot dtype

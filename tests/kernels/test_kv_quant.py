@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sizing import KV_DTYPES
-from kernels.kv_quant import INT4_GROUP, KVPages, check_pages, dequantize, quantize
+from kvscope.engine.sizing import KV_DTYPES
+from kvscope.kernels.kv_quant import INT4_GROUP, KVPages, check_pages, dequantize, quantize
 
 QUANTIZED = ["fp8_e4m3", "fp8_e5m2", "int8", "int4"]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import triton.language as tl
 
-from kernels.launch_configs import (
+from kvscope.kernels.launch_configs import (
     SM90_SHARED_BYTES,
     check_head_dim,
     decode_candidates,
@@ -17,7 +17,7 @@ from kernels.launch_configs import (
     prefill_candidates,
     prefill_need,
 )
-from kernels.triton_kv import FORMAT_CODES
+from kvscope.kernels.triton_kv import FORMAT_CODES
 
 STORED = {
     "fp32": torch.float32,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import AttentionMetadata, KVPages, paged_attention
-from kernels.backend import paged_attention_cost
-from kernels.torch_paged import paged_attention_torch
+from kvscope.kernels import AttentionMetadata, KVPages, paged_attention
+from kvscope.kernels.backend import paged_attention_cost
+from kvscope.kernels.torch_paged import paged_attention_torch
 
 
 def _pools(kv_dtype: str, n: int) -> list[KVPages]:

@@ -21,10 +21,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import max_rel_error, norm_rel_error, paged_batch, poisoned
 
-from kernels import paged_attention
-from kernels.reference import attention_reference, gather_sequences, paged_attention_reference
+from kvscope.kernels import paged_attention
+from kvscope.kernels.reference import (
+    attention_reference,
+    gather_sequences,
+    paged_attention_reference,
+)
+
+from support.kernel_cases import max_rel_error, norm_rel_error, paged_batch, poisoned
 
 UNIT_ERROR = {
     "fp16": 2**-11,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import max_rel_error, paged_batch, poisoned
 
-from kernels import paged_decode_attention
-from kernels.reference import paged_attention_reference
-from kernels.triton_decode import choose_num_splits
+from kvscope.kernels import paged_decode_attention
+from kvscope.kernels.reference import paged_attention_reference
+from kvscope.kernels.triton_decode import choose_num_splits
+
+from support.kernel_cases import max_rel_error, paged_batch, poisoned
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 FORMAT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import cu_seqlens, max_rel_error, paged_batch, poisoned
 
-from kernels import flash_attention_varlen, paged_attention
-from kernels.reference import attention_reference, paged_attention_reference
+from kvscope.kernels import flash_attention_varlen, paged_attention
+from kvscope.kernels.reference import attention_reference, paged_attention_reference
+
+from support.kernel_cases import cu_seqlens, max_rel_error, paged_batch, poisoned
 
 # fp32 runs exact fp32 products; fp16 feeds tensor-core-style fp16 products
 # (probabilities rounded to fp16); bf16 outputs are rounded to bf16.

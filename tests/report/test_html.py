@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.cli import main
+from kvscope.app.cli import main
 
 
 @pytest.fixture(scope="module")

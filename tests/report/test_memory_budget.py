@@ -3,11 +3,11 @@ and nothing for a run that recorded none."""
 
 from __future__ import annotations
 
-from infllm_recording import record_infllm
+from kvscope.app.report.html import build_html
+from kvscope.db.memory_budget import measured_budget
+from kvscope.db.source import reader
 
-from app.report.html import build_html
-from db.memory_budget import measured_budget
-from db.source import reader
+from support.infllm_recording import record_infllm
 
 
 def test_budget_tiles_in_the_report(tmp_path, synthetic_db):

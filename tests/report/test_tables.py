@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
-from app.cli import main
+from kvscope.app.cli import main
 
 
 def test_csv_directory_has_one_file_per_table(synthetic_db, tmp_path, capsys):

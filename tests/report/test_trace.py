@@ -7,9 +7,9 @@ from collections import defaultdict
 
 import pytest
 
-from app.cli import main
-from app.report.trace import ENGINE_PID, KERNELS_PID, REQUESTS_PID
-from engine.events import KernelTiming, RequestArrived, RequestPreempted
+from kvscope.app.cli import main
+from kvscope.app.report.trace import ENGINE_PID, KERNELS_PID, REQUESTS_PID
+from kvscope.engine.events import KernelTiming, RequestArrived, RequestPreempted
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from tui_helpers import Recorded
+
+from support.tui_helpers import Recorded
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from textual.containers import VerticalScroll
-from tui_helpers import Recorded, aio, viewer, wait_for_view
 
-from app.tui.help_screen import HelpScreen
+from kvscope.app.tui.help_screen import HelpScreen
+
+from support.tui_helpers import Recorded, aio, viewer, wait_for_view
 
 
 @aio

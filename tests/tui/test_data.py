@@ -6,15 +6,16 @@ import sqlite3
 
 import numpy as np
 import pytest
-from tui_helpers import MAIN, Recorded, record
 
-from app.tui.data import RunReader, check_database
-from db import queries
-from db.pages import PAGE_OFFLOADED
-from db.requests import request_progress
-from db.source import Position
-from engine.errors import KvscopeError
-from engine.events import PAGE_EVICTED, PAGE_FREE
+from kvscope.app.tui.data import RunReader, check_database
+from kvscope.db import queries
+from kvscope.db.pages import PAGE_OFFLOADED
+from kvscope.db.requests import request_progress
+from kvscope.db.source import Position
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import PAGE_EVICTED, PAGE_FREE
+
+from support.tui_helpers import MAIN, Recorded, record
 
 
 @pytest.fixture(scope="module")
@@ -133,9 +134,9 @@ def test_progress_at_the_finish_step_equals_the_recorded_figures(
 
 
 def test_step_times_read_only_new_steps(tmp_path) -> None:
-    from tui_helpers import make_recorder
+    from kvscope.profiler.synthetic import SyntheticRun
 
-    from profiler.synthetic import SyntheticRun
+    from support.tui_helpers import make_recorder
 
     recorder = make_recorder(tmp_path / "live.db")
     events = SyntheticRun(recorder.start_ns, num_requests=6, num_pages=32).events
@@ -178,7 +179,7 @@ def test_check_database_explains_every_unusable_path(tmp_path, recorded: Recorde
 
 
 def test_check_database_waits_for_a_first_run_only_when_following(tmp_path) -> None:
-    from db.store import open_db
+    from kvscope.db.store import open_db
 
     open_db(tmp_path / "new.db").conn.close()
     with pytest.raises(KvscopeError, match="holds no runs yet"):

@@ -3,9 +3,9 @@ priority keys yield to it while it is open, and the replay stays where it was.""
 
 from __future__ import annotations
 
-from tui_helpers import Recorded, aio, goto_step, settle, viewer
+from kvscope.app.tui.help_screen import HelpScreen
 
-from app.tui.help_screen import HelpScreen
+from support.tui_helpers import Recorded, aio, goto_step, settle, viewer
 
 
 @aio

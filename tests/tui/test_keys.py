@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import numpy as np
-from tui_helpers import Recorded, aio, goto_step, rich_text, settle, viewer, wait_for, wait_for_view
 
-from app.tui.help_screen import HelpScreen
-from app.tui.keys import BINDINGS
-from app.tui.page_grid import PageGrid
-from app.tui.playback import SPEEDS
-from app.tui.requests_table import COLUMNS, STATE_RANK, RequestsTable
-from app.tui.run_picker import RunPicker
-from app.tui.timeline import Timeline
+from kvscope.app.tui.help_screen import HelpScreen
+from kvscope.app.tui.keys import BINDINGS
+from kvscope.app.tui.page_grid import PageGrid
+from kvscope.app.tui.playback import SPEEDS
+from kvscope.app.tui.requests_table import COLUMNS, STATE_RANK, RequestsTable
+from kvscope.app.tui.run_picker import RunPicker
+from kvscope.app.tui.timeline import Timeline
+
+from support.tui_helpers import (
+    Recorded,
+    aio,
+    goto_step,
+    rich_text,
+    settle,
+    viewer,
+    wait_for,
+    wait_for_view,
+)
 
 
 @aio

@@ -9,20 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tui_helpers import MAIN, SMALL, aio, make_recorder, record, wait_for, wait_for_view
 
-from app.cli import main as cli_main
-from app.tui import run_tui
-from app.tui.app import KvscopeApp
-from app.tui.page_grid import PageGrid
-from app.tui.quit_screen import QuitScreen
-from app.tui.requests_table import RequestsTable
-from app.tui.timeline import Timeline
-from db import queries
-from db.store import open_db
-from engine.errors import KvscopeError
-from engine.events import StepSummary
-from profiler.synthetic import SyntheticRun
+from kvscope.app.cli import main as cli_main
+from kvscope.app.tui import run_tui
+from kvscope.app.tui.app import KvscopeApp
+from kvscope.app.tui.page_grid import PageGrid
+from kvscope.app.tui.quit_screen import QuitScreen
+from kvscope.app.tui.requests_table import RequestsTable
+from kvscope.app.tui.timeline import Timeline
+from kvscope.db import queries
+from kvscope.db.store import open_db
+from kvscope.engine.errors import KvscopeError
+from kvscope.engine.events import StepSummary
+from kvscope.profiler.synthetic import SyntheticRun
+
+from support.tui_helpers import MAIN, SMALL, aio, make_recorder, record, wait_for, wait_for_view
 
 
 def runbar(app: KvscopeApp) -> str:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from infllm_recording import record_infllm
 
-from app.tui.app import KvscopeApp
-from app.tui.data import RunReader
-from app.tui.panels import SHADES, budget_text, gpu_text, infllm_request, infllm_text
-from db.infllm import retrievals
+from kvscope.app.tui.app import KvscopeApp
+from kvscope.app.tui.data import RunReader
+from kvscope.app.tui.panels import SHADES, budget_text, gpu_text, infllm_request, infllm_text
+from kvscope.db.infllm import retrievals
+
+from support.infllm_recording import record_infllm
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,13 @@ import sqlite3
 
 import numpy as np
 import pytest
-from tui_helpers import Recorded, aio, goto_step, rich_text, viewer, wait_for_view
 
-from app.tui import fmt
-from app.tui.page_grid import PageGrid
-from app.tui.panels import LABEL_WIDTH, VALUE_WIDTH, Panel
-from app.tui.requests_table import RequestsTable
+from kvscope.app.tui import fmt
+from kvscope.app.tui.page_grid import PageGrid
+from kvscope.app.tui.panels import LABEL_WIDTH, VALUE_WIDTH, Panel
+from kvscope.app.tui.requests_table import RequestsTable
+
+from support.tui_helpers import Recorded, aio, goto_step, rich_text, viewer, wait_for_view
 
 # A step in the middle of the checked run: requests running, pages cached,
 # evictions and a preemption behind it.
@@ -165,7 +166,7 @@ async def test_every_panel_shows_the_databases_figures(
 async def test_page_map_shows_the_stored_snapshot_at_a_snapshot_step(
     recorded: Recorded, db: sqlite3.Connection
 ) -> None:
-    from db.queries import decode_owners
+    from kvscope.db.queries import decode_owners
 
     step, blob = db.execute(
         "SELECT step, owners FROM page_maps WHERE run_id = ? AND step >= ? ORDER BY step LIMIT 1",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.tui.cpu_budget import MAX_BURST_S, CpuBudget
-from app.tui.playback import SPEEDS, Playback, default_speed
-from db.series import StepTimes
+from kvscope.app.tui.cpu_budget import MAX_BURST_S, CpuBudget
+from kvscope.app.tui.playback import SPEEDS, Playback, default_speed
+from kvscope.db.series import StepTimes
 
 STEPS = StepTimes((0, 1, 2, 5), (0.0, 1.0, 2.0, 5.0))
 

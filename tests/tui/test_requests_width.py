@@ -4,9 +4,10 @@ columns narrow, and at narrower widths the least useful ones give way)."""
 from __future__ import annotations
 
 import pytest
-from tui_helpers import Recorded, aio, goto_step, viewer
 
-from app.tui.requests_table import COLUMNS, RequestsTable
+from kvscope.app.tui.requests_table import COLUMNS, RequestsTable
+
+from support.tui_helpers import Recorded, aio, goto_step, viewer
 
 
 @pytest.mark.parametrize("size", [(140, 40), (120, 40), (100, 30), (80, 24), (200, 50)])

@@ -6,7 +6,7 @@ and review the SVGs in tests/tui/__snapshots__.
 
 from __future__ import annotations
 
-from tui_helpers import Recorded, goto_step, viewer
+from support.tui_helpers import Recorded, goto_step, viewer
 
 STEP = 60  # mid-run: requests running and preempted, pages evicted and offloaded
 

@@ -4,11 +4,12 @@ number formats, and the requests table's row cap."""
 from __future__ import annotations
 
 import pytest
-from tui_helpers import Recorded, aio, goto_step, viewer
 
-from app.tui import fmt, requests_table
-from app.tui.page_grid import CELL_SHAPES, plan_grid
-from app.tui.requests_table import RequestsTable
+from kvscope.app.tui import fmt, requests_table
+from kvscope.app.tui.page_grid import CELL_SHAPES, plan_grid
+from kvscope.app.tui.requests_table import RequestsTable
+
+from support.tui_helpers import Recorded, aio, goto_step, viewer
 
 
 @pytest.mark.parametrize(

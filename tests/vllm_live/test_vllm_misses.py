@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from vllm_server import BLOCK_SIZE, PlainSubscriber, VllmServer
 
-from db import watch_queries as q
-from profiler.watch.session import WatchSession
-from profiler.watch.sources import SourceSpec, expand_sources
-from profiler.watch.wire import BLOCK_REMOVED, BLOCK_STORED
-from tests.watch.watch_helpers import wait_until
+from kvscope.db import watch_queries as q
+from kvscope.profiler.watch.session import WatchSession
+from kvscope.profiler.watch.sources import SourceSpec, expand_sources
+from kvscope.profiler.watch.wire import BLOCK_REMOVED, BLOCK_STORED
+
+from support.vllm_server import BLOCK_SIZE, PlainSubscriber, VllmServer
+from support.watch_helpers import wait_until
 
 pytestmark = pytest.mark.vllm
 

@@ -7,11 +7,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from watch_helpers import A, B, C, D, E, S, new_watch_run
 
-from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
-from db.watch_writer import WatchBatch, WatchWriter
-from profiler.watch.publisher import EventPublisher
+from kvscope.db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
+from kvscope.db.watch_writer import WatchBatch, WatchWriter
+from kvscope.profiler.watch.publisher import EventPublisher
+
+from support.watch_helpers import A, B, C, D, E, S, new_watch_run
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from db import hashmap
-from db.hashmap import DictHashMap, DictObjectMap
+from kvscope.db import hashmap
+from kvscope.db.hashmap import DictHashMap, DictObjectMap
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 # few distinct keys so that calls hit what earlier calls put; multiples of 2^40 and
@@ -45,13 +45,13 @@ INT_CALLS = st.one_of(
     st.tuples(st.just("clear")),
 )
 
-needs_compiled = pytest.mark.skipif(not hashmap.COMPILED, reason="db._hashmap not built")
+needs_compiled = pytest.mark.skipif(not hashmap.COMPILED, reason="kvscope.db._hashmap not built")
 
 
 def test_the_install_built_the_compiled_maps() -> None:
     """make install builds db._hashmap (the pyproject's extension): the fold's fast path."""
-    assert hashmap.COMPILED, "db._hashmap did not build: pip install -e . with a C compiler"
-    assert hashmap.HashMap.__module__ == "db._hashmap"
+    assert hashmap.COMPILED, "kvscope.db._hashmap did not build: pip install -e . with a C compiler"
+    assert hashmap.HashMap.__module__ == "kvscope.db._hashmap"
 
 
 def _call(m, call: tuple):

@@ -9,19 +9,20 @@ import sqlite3
 from collections import defaultdict
 from pathlib import Path
 
-import long_recording
 import pytest
-from watch_helpers import S, new_watch_run
 
-from app.dashboard import watch_page
-from app.tui.watch_view import WatchView, misses_text
-from db import hashmap
-from db import watch_aggregates as agg
-from db import watch_queries as q
-from db.store import open_db
-from db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
-from db.watch_writer import WatchBatch, WatchWriter
-from engine.errors import KvscopeError
+from kvscope.app.dashboard import watch_page
+from kvscope.app.tui.watch_view import WatchView, misses_text
+from kvscope.db import hashmap
+from kvscope.db import watch_aggregates as agg
+from kvscope.db import watch_queries as q
+from kvscope.db.store import open_db
+from kvscope.db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
+from kvscope.db.watch_writer import WatchBatch, WatchWriter
+from kvscope.engine.errors import KvscopeError
+
+from support import long_recording
+from support.watch_helpers import S, new_watch_run
 
 BLOCK = 16
 
@@ -209,7 +210,7 @@ def test_aggregates_equal_the_definitions_on_a_random_fleet(
         monkeypatch.setattr(agg, "HashMap", hashmap.DictHashMap)
         monkeypatch.setattr(agg, "ObjectMap", hashmap.DictObjectMap)
     elif not hashmap.COMPILED:
-        pytest.skip("db._hashmap not built")
+        pytest.skip("kvscope.db._hashmap not built")
     rows = globals()[fleet](seed)
     db, writer, run_id = _run(tmp_path / "w.db", sources=4)
     for start in range(0, len(rows), 700):
@@ -703,10 +704,10 @@ def test_keep_raw_trims_raw_rows_and_the_aggregates_survive(tmp_path: Path) -> N
 def test_back_pressure_is_recorded_when_batches_wait(tmp_path: Path) -> None:
     import time
 
-    from profiler.watch.recorder import WatchRecorder
-    from profiler.watch.sources import expand_sources
-    from profiler.watch.subscriber import Stream
-    from profiler.watch.wire import EventBatch
+    from kvscope.profiler.watch.recorder import WatchRecorder
+    from kvscope.profiler.watch.sources import expand_sources
+    from kvscope.profiler.watch.subscriber import Stream
+    from kvscope.profiler.watch.wire import EventBatch
 
     recorder = WatchRecorder(tmp_path / "w.db", {})
     stream = Stream(recorder.next_source_index(), expand_sources("tcp://h:1")[0], None, "")

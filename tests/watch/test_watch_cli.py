@@ -7,18 +7,17 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from watch_helpers import free_port, wait_until
-from watch_payloads import sglang_stored, vllm_stored
 
-from app.cli import main
+from kvscope.app.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.installed import KVSCOPE
+from support.watch_helpers import free_port, wait_until
+from support.watch_payloads import sglang_stored, vllm_stored
 
 
 def test_watch_records_for_a_duration(tmp_path: Path, publishers, capsys) -> None:
@@ -50,9 +49,9 @@ def test_watch_records_for_a_duration(tmp_path: Path, publishers, capsys) -> Non
 def test_ctrl_c_marks_the_run_interrupted(tmp_path: Path) -> None:
     db = tmp_path / "w.db"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "watch", str(db), "--source",
+        [KVSCOPE, "watch", str(db), "--source",
          f"tcp://127.0.0.1:{free_port()}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=os.environ | {"PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     first = proc.stdout.readline()  # the banner: the run exists and the watch is live
@@ -73,8 +72,8 @@ def test_sigterm_to_the_group_stops_like_ctrl_c(tmp_path: Path, publishers) -> N
     pub = publishers()
     db = tmp_path / "w.db"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "watch", str(db), "--source", pub.endpoint],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [KVSCOPE, "watch", str(db), "--source", pub.endpoint],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=os.environ | {"PYTHONUNBUFFERED": "1"}, start_new_session=True,
     )  # fmt: skip
     assert proc.stdout.readline().startswith("kvscope watch: run 1")
@@ -154,9 +153,9 @@ def test_too_few_files_for_the_sources_is_one_line(tmp_path: Path) -> None:
 
     db = tmp_path / "w.db"
     proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "watch", str(db), "--source",
+        [KVSCOPE, "watch", str(db), "--source",
          f"tcp://127.0.0.1:{free_port()}", "--dp-size", "1000", "--duration", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, preexec_fn=low_limit,
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, preexec_fn=low_limit,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("kvscope: error: cannot open the sockets of 1000 sources")
@@ -221,7 +220,7 @@ def test_sglang_server_info_discovery_end_to_end(tmp_path: Path, publishers, cap
 
 
 def test_keep_raw_durations() -> None:
-    from app.commands.watch import parse_duration
+    from kvscope.app.commands.watch import parse_duration
 
     assert [parse_duration(t, "--keep-raw") for t in ("90", "90s", "30m", "12h", "7d")] == [
         90,

@@ -9,23 +9,24 @@ import json
 import sqlite3
 from collections.abc import Iterator
 
-import long_recording
 import pytest
 from dash import dcc
-from dash_callbacks import call
 from rich.console import Console
 from textual.app import App, ComposeResult
-from watch_helpers import B, S
 
-from app.dashboard import watch_page
-from app.dashboard.layout import PAGES
-from app.dashboard.server import create_app
-from app.report.html import build_html
-from app.report.tables import write_csv, write_json
-from app.tui.app import KvscopeApp
-from app.tui.watch_view import WatchView, render, snapshot
-from db import watch_queries as q
-from db.source import reader
+from kvscope.app.dashboard import watch_page
+from kvscope.app.dashboard.layout import PAGES
+from kvscope.app.dashboard.server import create_app
+from kvscope.app.report.html import build_html
+from kvscope.app.report.tables import write_csv, write_json
+from kvscope.app.tui.app import KvscopeApp
+from kvscope.app.tui.watch_view import WatchView, render, snapshot
+from kvscope.db import watch_queries as q
+from kvscope.db.source import reader
+
+from support import long_recording
+from support.dash_callbacks import call
+from support.watch_helpers import B, S
 
 
 def _text(renderable) -> str:
@@ -86,7 +87,7 @@ def test_tui_renderers(recording) -> None:
 
 def test_incidents_text_marks_losses() -> None:
     incidents = [q.Incident(1.5, 3, "gap", 10, 12, 1, 2, "replay buffer no longer holds them")]
-    from app.tui.watch_view import incidents_text
+    from kvscope.app.tui.watch_view import incidents_text
 
     text = incidents_text(incidents)
     assert text.plain.strip() == (

@@ -12,16 +12,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from watch_helpers import free_port, wait_until
-from watch_payloads import vllm_removed, vllm_stored
 
-from app.commands.watch import _line, _live
-from db import watch_queries as q
-from db.schema import INTERRUPTED
-from db.watch_schema import OP_REMOVED, OP_RESET, OP_STORED
-from profiler.watch.session import WatchSession
-from profiler.watch.sources import expand_sources
-from profiler.watch.wire import to_signed64
+from kvscope.app.commands.watch import _line, _live
+from kvscope.db import watch_queries as q
+from kvscope.db.schema import INTERRUPTED
+from kvscope.db.watch_schema import OP_REMOVED, OP_RESET, OP_STORED
+from kvscope.profiler.watch.session import WatchSession
+from kvscope.profiler.watch.sources import expand_sources
+from kvscope.profiler.watch.wire import to_signed64
+
+from support.watch_helpers import free_port, wait_until
+from support.watch_payloads import vllm_removed, vllm_stored
 
 
 def _hashes(rng: random.Random, n: int) -> list[int]:
@@ -469,7 +470,7 @@ def test_a_replay_does_not_hold_up_the_other_sources(
     silent, the others' batches are delivered; the gap's own later batches wait."""
     import zmq
 
-    import profiler.watch.subscriber as sub
+    import kvscope.profiler.watch.subscriber as sub
 
     monkeypatch.setattr(sub, "REPLAY_TIMEOUT_S", 5.0)
     ctx = zmq.Context.instance()
@@ -521,8 +522,8 @@ def test_a_dead_writer_process_fails_the_run_and_keeps_what_it_wrote(
 
 _WATCHER = """
 import sys, time
-from profiler.watch.session import WatchSession
-from profiler.watch.sources import expand_sources
+from kvscope.profiler.watch.session import WatchSession
+from kvscope.profiler.watch.sources import expand_sources
 session = WatchSession(sys.argv[1], expand_sources(sys.argv[2]), writer_process=True).start()
 print(session.recorder._writer._proc.pid, flush=True)
 time.sleep(600)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from profiler.watch.prom_text import label_text, parse, parse_labels
-from profiler.watch.scraper import sample_rows
+from kvscope.profiler.watch.prom_text import label_text, parse, parse_labels
+from kvscope.profiler.watch.scraper import sample_rows
 
 VLLM_TEXT = """\
 # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
@@ -75,7 +75,7 @@ def test_a_port_that_answers_but_not_in_http_is_a_scrape_error():
     import socket
     import threading
 
-    from profiler.watch.scraper import Scraper
+    from kvscope.profiler.watch.scraper import Scraper
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

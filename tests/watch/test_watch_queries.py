@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 import random
 
-import long_recording
-from watch_helpers import A, B, C, new_watch_run
+from kvscope.db import watch_queries as q
+from kvscope.db.store import open_db
+from kvscope.db.watch_writer import WatchBatch, WatchWriter
 
-from db import watch_queries as q
-from db.store import open_db
-from db.watch_writer import WatchBatch, WatchWriter
+from support import long_recording
+from support.watch_helpers import A, B, C, new_watch_run
 
 
 def test_block_stats(recording) -> None:
@@ -147,7 +147,7 @@ def _scrape_text(n: int) -> str:
 
 
 def test_vllm_residency_histograms_and_cache_sources(tmp_path) -> None:
-    from profiler.watch.scraper import sample_rows
+    from kvscope.profiler.watch.scraper import sample_rows
 
     db, run_id = new_watch_run(tmp_path / "m.db")
     last: dict = {}
@@ -172,7 +172,7 @@ def test_vllm_residency_histograms_and_cache_sources(tmp_path) -> None:
         "local": 100,
     }
     assert [round(p.value, 6) for p in cache.external_hit_rate][-1] == 0.25
-    from app.dashboard import watch_page
+    from kvscope.app.dashboard import watch_page
 
     fig = watch_page.histograms_figure(hist, watch_page.VLLM_RESIDENCY_TITLE)
     assert list(fig.data[0].y) == [6, 9, 3] and "sampled" in fig.layout.title.text

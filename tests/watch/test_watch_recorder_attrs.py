@@ -12,10 +12,10 @@ from typing import Any
 
 import msgpack
 
-from profiler.watch.recorder import WatchRecorder
-from profiler.watch.sources import expand_sources
-from profiler.watch.subscriber import Stream
-from profiler.watch.wire import decode_batch
+from kvscope.profiler.watch.recorder import WatchRecorder
+from kvscope.profiler.watch.sources import expand_sources
+from kvscope.profiler.watch.subscriber import Stream
+from kvscope.profiler.watch.wire import decode_batch
 
 
 def _stored(hashes: list[int], **more: Any) -> dict[str, Any]:

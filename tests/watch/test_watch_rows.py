@@ -15,12 +15,13 @@ import msgpack
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from watch_helpers import new_watch_run
 
-from db.watch_schema import OP_REMOVED, OP_STORED
-from db.watch_writer import WatchBatch, WatchWriter, unpack_hashes
-from profiler.watch.rows import SourceAttrs, batch_rows
-from profiler.watch.wire import EventBatch, decode_batch, decode_payload
+from kvscope.db.watch_schema import OP_REMOVED, OP_STORED
+from kvscope.db.watch_writer import WatchBatch, WatchWriter, unpack_hashes
+from kvscope.profiler.watch.rows import SourceAttrs, batch_rows
+from kvscope.profiler.watch.wire import EventBatch, decode_batch, decode_payload
+
+from support.watch_helpers import new_watch_run
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 UINT64 = st.integers(0, 2**64 - 1)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import KvscopeError
-from profiler.watch.discovery import sources_from_info
-from profiler.watch.sequence import SequenceTracker, Verdict
-from profiler.watch.sources import expand_sources
+from kvscope.engine.errors import KvscopeError
+from kvscope.profiler.watch.discovery import sources_from_info
+from kvscope.profiler.watch.sequence import SequenceTracker, Verdict
+from kvscope.profiler.watch.sources import expand_sources
 
 
 def test_tcp_ranks_take_base_port_plus_rank() -> None:

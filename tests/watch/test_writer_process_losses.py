@@ -12,15 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
-from watch_helpers import new_watch_run, wait_until
-from watch_payloads import vllm_stored
 
-from db.schema import COMPLETE
-from db.watch_schema import OP_STORED
-from db.watch_writer import WatchBatch
-from profiler.watch.session import WatchSession
-from profiler.watch.sources import expand_sources
-from profiler.watch.writer_process import WriterProcess
+from kvscope.db.schema import COMPLETE
+from kvscope.db.watch_schema import OP_STORED
+from kvscope.db.watch_writer import WatchBatch
+from kvscope.profiler.watch.session import WatchSession
+from kvscope.profiler.watch.sources import expand_sources
+from kvscope.profiler.watch.writer_process import WriterProcess
+
+from support.watch_helpers import new_watch_run, wait_until
+from support.watch_payloads import vllm_stored
 
 SOURCE = (0, "events", "vllm", "tcp://a:1", None, "", None, 0)
 

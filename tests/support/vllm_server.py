@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import zmq
 
-from profiler.watch.prom_text import parse
-from profiler.watch.wire import decode_payload, parse_live
-from tests.watch.watch_helpers import free_port
+from kvscope.profiler.watch.prom_text import parse
+from kvscope.profiler.watch.wire import decode_payload, parse_live
+
+from support.watch_helpers import free_port
 
 BLOCK_SIZE = 32  # the CPU backend wants a multiple of 32
 TINY_LLAMA = {

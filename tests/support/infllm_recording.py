@@ -8,13 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from tiny_model import VOCAB, tiny_loaded
 
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.events import Event, EventBus
-from engine.sampler import SamplingParams
-from profiler.recorder import Recorder
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.events import Event, EventBus
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.tiny import VOCAB, tiny_loaded
+from kvscope.profiler.recorder import Recorder
 
 
 def infllm_config() -> EngineConfig:

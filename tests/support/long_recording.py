@@ -15,10 +15,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from watch_helpers import new_watch_run
+from kvscope.db.watch_schema import OP_REMOVED, OP_STORED
+from kvscope.db.watch_writer import WatchBatch, WatchWriter
 
-from db.watch_schema import OP_REMOVED, OP_STORED
-from db.watch_writer import WatchBatch, WatchWriter
+from support.watch_helpers import new_watch_run
 
 S = 1_000_000_000
 LENGTH_S = 9000

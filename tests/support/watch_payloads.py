@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiler.watch.publisher import vllm_block_removed as vllm_removed
-from profiler.watch.publisher import vllm_block_stored as vllm_stored
+from kvscope.profiler.watch.publisher import vllm_block_removed as vllm_removed
+from kvscope.profiler.watch.publisher import vllm_block_stored as vllm_stored
 
 __all__ = ["vllm_removed", "vllm_stored", "sglang_stored", "vllm_positional_stored"]
 

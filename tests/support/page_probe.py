@@ -9,14 +9,19 @@ the recording, page by page (tests/test_page_truth.py).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
-from db.page_states import StepPages, step_pages_from
-from db.pages import step_pages
-from db.source import connection
-from engine.engine import Engine
+from kvscope.db.page_states import StepPages, step_pages_from
+from kvscope.db.pages import step_pages
+from kvscope.db.source import connection
+from kvscope.engine.engine import Engine
+from kvscope.engine.events import EventBus
+from kvscope.engine.tiny import VOCAB
+from kvscope.profiler.recorder import Recorder
 
 
 class PageProbe:
@@ -48,7 +53,7 @@ def drive_probed(
 ) -> None:
     """Add ``(step, prompt token ids, max tokens)`` requests at their steps and step the
     engine to the end, reading the probe after every step."""
-    from engine.sampler import SamplingParams
+    from kvscope.engine.sampler import SamplingParams
 
     pending = sorted(arrivals, key=lambda a: a[0])
     step = 0
@@ -100,3 +105,31 @@ def mismatches(
             wrong.append(f"step {step}: step summary {row} != page states {c}")
         wrong.extend(f"step {step} (engine): {e}" for e in truth.invariant_errors())
     return wrong
+
+
+def record_probed(path: Path, engine_for_bus, arrivals) -> tuple[int, PageProbe, dict[str, int]]:
+    """Record the run ``engine_for_bus(bus)`` makes of ``arrivals`` into ``path``, probed
+    after every step; returns (run id, probe, count of each event kind)."""
+    bus = EventBus()
+    kinds: dict[str, int] = {}
+    bus.subscribe(lambda e: kinds.__setitem__(e.kind, kinds.get(e.kind, 0) + 1))
+    engine = engine_for_bus(bus)
+    recorder = Recorder(path, {"test": True}, model="tiny")
+    bus.subscribe(recorder.on_event)
+    recorder.start()
+    probe = PageProbe(engine)
+    drive_probed(engine, probe, arrivals)
+    recorder.finish("complete")
+    return recorder.run_id, probe, kinds
+
+
+def shared_prefix_arrivals(
+    n: int, prefix_len: int = 24, seed: int = 0, every: int = 1, out: int = 8
+):
+    """``n`` arrivals (one every ``every`` steps) whose prompts share a ``prefix_len`` stem."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(1, VOCAB) for _ in range(prefix_len)]
+    return [
+        (i * every, prefix + [rng.randrange(1, VOCAB) for _ in range(3 + i % 5)], out)
+        for i in range(n)
+    ]

@@ -13,7 +13,8 @@ local (spill) bytes ``cuobjdump`` reads; the others stop after LLVM IR,
 where the compiler has already allocated shared memory: ptxas is most of a
 compile's time. Prints one JSON line per compiled kernel, with the shared
 memory allocated and the estimate the autotuner prunes with. Needs
-TRITON_INTERPRET unset; run by test_sm90_compile.py.
+TRITON_INTERPRET unset; run by tests/kernels/test_sm90_compile.py as
+``python -m support.sm90_compile PART PARTS`` from tests/.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ import triton.backends.nvidia
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # fp32 tiles need the most shared memory (4-byte loads, Q twice for the
 # "tf32x3" dots), so fp32 runs at every tile width, 16 to 256, reached from
@@ -96,7 +95,7 @@ class CompileOnly:
         self.kernel, self.sink, self.need = kernel, sink, need
 
     def __getitem__(self, grid):
-        from kernels.launch_configs import SM90_SHARED_BYTES, fitting
+        from kvscope.kernels.launch_configs import SM90_SHARED_BYTES, fitting
 
         def launch(*args, **kwargs) -> None:
             if self.need is None:
@@ -132,9 +131,16 @@ def resources(cubin: bytes) -> dict[str, int]:
     return {"registers": int(fields["REG"]), "local_bytes": int(fields["LOCAL"])}
 
 
-def main() -> None:
+def main(part: int = 0, parts: int = 1) -> None:
+    """Compile every ``parts``-th variant from ``part`` on (the test runs the parts at once)."""
     driver.set_active(Sm90Driver())
-    from kernels import AttentionMetadata, KVPages, launch_configs, triton_decode, triton_prefill
+    from kvscope.kernels import (
+        AttentionMetadata,
+        KVPages,
+        launch_configs,
+        triton_decode,
+        triton_prefill,
+    )
 
     compiled: list = []
     triton_prefill._prefill_kernel = CompileOnly(
@@ -148,46 +154,44 @@ def main() -> None:
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
     meta = AttentionMetadata.build([[0, 1, 2, 3], [4, 5, 6, 7]], [40, 24], [64, 50], 16)
     decode_meta = AttentionMetadata.build([[0, 1, 2, 3], [4, 5, 6, 7]], [1, 1], [64, 50], 16)
-    for kind, q_dtype, kv_dtype, num_q_heads, num_kv_heads, head_dims in VARIANTS:
-        for head_dim in head_dims:
-            pages = KVPages.allocate(8, 16, num_kv_heads, head_dim, kv_dtype)
-            start = len(compiled)
-            if kind == "varlen":
-                q = torch.zeros(64, num_q_heads, head_dim, dtype=dtypes[q_dtype])
-                k = torch.zeros(114, num_kv_heads, head_dim, dtype=dtypes[kv_dtype])
-                triton_prefill.varlen_attention_triton(
-                    q, k, k, meta.cu_seqlens_q, torch.tensor([0, 64, 114], dtype=torch.int32),
-                    40, causal=False, sm_scale=0.125,
-                )  # fmt: skip
-            elif kind == "prefill":
-                q = torch.zeros(64, num_q_heads, head_dim, dtype=dtypes[q_dtype])
-                triton_prefill.paged_prefill_triton(
-                    q, pages.data, meta.cu_seqlens_q, meta.kv_indptr, meta.kv_indices,
-                    meta.kv_last_page_len, 40, kv_dtype=kv_dtype, scales=pages.scales,
-                    sm_scale=0.125,
-                )  # fmt: skip
-            else:
-                q = torch.zeros(2, num_q_heads, head_dim, dtype=dtypes[q_dtype])
-                triton_decode.paged_decode_triton(
-                    q, pages.data, decode_meta.kv_indptr, decode_meta.kv_indices,
-                    decode_meta.kv_last_page_len, kv_dtype=kv_dtype, scales=pages.scales,
-                    sm_scale=0.125, max_kv_len=64, num_splits=4,
-                )  # fmt: skip
-            variant = (
-                f"{kind} q={q_dtype} kv={kv_dtype} H={num_q_heads}/{num_kv_heads} D={head_dim}"
-            )
-            for name, config, kernel, estimate in compiled[start:]:
-                cubin = kernel.asm["cubin"]
-                record = {
-                    "kernel": name,
-                    "variant": variant,
-                    "config": config,
-                    **(resources(cubin) if cubin else {}),
-                    "shared_bytes": kernel.metadata.shared,
-                    "estimate": estimate,
-                }
-                print(json.dumps(record), flush=True)
+    mine = [(v, d) for v in VARIANTS for d in v[5]][part::parts]
+    for (kind, q_dtype, kv_dtype, num_q_heads, num_kv_heads, _), head_dim in mine:
+        pages = KVPages.allocate(8, 16, num_kv_heads, head_dim, kv_dtype)
+        start = len(compiled)
+        if kind == "varlen":
+            q = torch.zeros(64, num_q_heads, head_dim, dtype=dtypes[q_dtype])
+            k = torch.zeros(114, num_kv_heads, head_dim, dtype=dtypes[kv_dtype])
+            triton_prefill.varlen_attention_triton(
+                q, k, k, meta.cu_seqlens_q, torch.tensor([0, 64, 114], dtype=torch.int32),
+                40, causal=False, sm_scale=0.125,
+            )  # fmt: skip
+        elif kind == "prefill":
+            q = torch.zeros(64, num_q_heads, head_dim, dtype=dtypes[q_dtype])
+            triton_prefill.paged_prefill_triton(
+                q, pages.data, meta.cu_seqlens_q, meta.kv_indptr, meta.kv_indices,
+                meta.kv_last_page_len, 40, kv_dtype=kv_dtype, scales=pages.scales,
+                sm_scale=0.125,
+            )  # fmt: skip
+        else:
+            q = torch.zeros(2, num_q_heads, head_dim, dtype=dtypes[q_dtype])
+            triton_decode.paged_decode_triton(
+                q, pages.data, decode_meta.kv_indptr, decode_meta.kv_indices,
+                decode_meta.kv_last_page_len, kv_dtype=kv_dtype, scales=pages.scales,
+                sm_scale=0.125, max_kv_len=64, num_splits=4,
+            )  # fmt: skip
+        variant = f"{kind} q={q_dtype} kv={kv_dtype} H={num_q_heads}/{num_kv_heads} D={head_dim}"
+        for name, config, kernel, estimate in compiled[start:]:
+            cubin = kernel.asm["cubin"]
+            record = {
+                "kernel": name,
+                "variant": variant,
+                "config": config,
+                **(resources(cubin) if cubin else {}),
+                "shared_bytes": kernel.metadata.shared,
+                "estimate": estimate,
+            }
+            print(json.dumps(record), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(*(int(arg) for arg in sys.argv[1:3]))

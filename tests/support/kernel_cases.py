@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.kv_quant import KVPages
-from kernels.metadata import AttentionMetadata
+from kvscope.kernels.kv_quant import KVPages
+from kvscope.kernels.metadata import AttentionMetadata
 
 
 @dataclass

@@ -16,10 +16,10 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from app.tui.app import KvscopeApp
-from app.tui.data import View
-from profiler.recorder import Recorder
-from profiler.synthetic import SyntheticRun
+from kvscope.app.tui.app import KvscopeApp
+from kvscope.app.tui.data import View
+from kvscope.profiler.recorder import Recorder
+from kvscope.profiler.synthetic import SyntheticRun
 
 HARDWARE = {"machine": "test", "cpu": "test", "gpus": [], "peak_tflops": 0.5, "peak_gbps": 20.0}
 VERSIONS = {"kvscope": "test"}
@@ -110,7 +110,7 @@ async def settle(pilot: Any, app: KvscopeApp) -> View:
 async def goto_step(pilot: Any, app: KvscopeApp, step: int) -> View:
     """Move the replay to ``step`` as a user would: click the timeline near it, then
     step with the arrow keys."""
-    from app.tui.timeline import Timeline
+    from kvscope.app.tui.timeline import Timeline
 
     view = await wait_for_view(pilot, app)
     timeline = app.query_one(Timeline)

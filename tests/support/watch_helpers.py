@@ -13,8 +13,8 @@ from collections.abc import Callable
 import pytest
 from sqlite_utils import Database
 
-from db.store import open_db
-from db.writer import create_run
+from kvscope.db.store import open_db
+from kvscope.db.writer import create_run
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
