@@ -89,7 +89,7 @@ def gpu_pictures(db: Path, out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.screenshots")
+    parser = argparse.ArgumentParser(prog="python -m kvscope.app.screenshots")
     parser.add_argument("--gpu-db", type=Path, help="draw the GPU pictures from this database")
     args = parser.parse_args(argv)
     OUT.mkdir(exist_ok=True)

@@ -16,11 +16,11 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from support.installed import KVSCOPE
 
@@ -73,7 +73,9 @@ def test_generate_runs_the_real_model(tmp_path, foreign):
 @pytest.mark.slow
 def test_headless_run_then_report(tmp_path, foreign):
     """The main job, headless (no terminal here), recorded, then read back by ``report``."""
-    kvscope(tmp_path, foreign, "run", "--headless", "--requests", "3", "--rate", "0", "--db", "k.db")
+    kvscope(
+        tmp_path, foreign, "run", "--headless", "--requests", "3", "--rate", "0", "--db", "k.db"
+    )
     report = json.loads(kvscope(tmp_path, foreign, "report", "k.db", "--format", "json").stdout)
     run = report["run"]
     assert (run["status"], run["requests"], run["kind"]) == ("complete", 3, "engine"), run

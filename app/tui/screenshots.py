@@ -110,7 +110,9 @@ def record_real_run(path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.tui.screenshots", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m kvscope.app.tui.screenshots", description=__doc__
+    )
     parser.add_argument(
         "--db", type=Path, help="an existing recording (default: record a fresh real run)"
     )
