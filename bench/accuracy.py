@@ -28,11 +28,11 @@ import common  # noqa: F401  (sets the import path and thread policy)
 import torch
 import torch.nn.functional as F
 
-from app.progress import Progress
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.loader import load_model
-from engine.sizing import KV_DTYPES
+from kvscope.app.progress import Progress
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.loader import load_model
+from kvscope.engine.sizing import KV_DTYPES
 
 MODULES = [
     "argparse",
@@ -150,7 +150,7 @@ def main() -> None:
             [[r["weights_dtype"], *cells(r)] for r in weight_rows],
         )
     )
-    from engine.device import resolve_weights_dtype
+    from kvscope.engine.device import resolve_weights_dtype
 
     print(f"--weights-dtype auto is {resolve_weights_dtype('auto', 'cpu')} here")
     bf16 = next(r for r in weight_rows if r["weights_dtype"] == "bf16")

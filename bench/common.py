@@ -1,13 +1,15 @@
-"""Shared set-up for the benchmark scripts: import path, thread policy, model, tables."""
+"""Shared set-up for the benchmark scripts: thread policy, model, tables.
+
+The scripts import the installed ``kvscope`` (``make install``), never the checkout's
+folders: run them with ``.venv/bin/python bench/<name>.py`` from anywhere.
+"""
 
 from __future__ import annotations
 
 import os
 import statistics
-import sys
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def table(headers: list[str], rows: list[list[object]]) -> str:

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from app.progress import Progress
-from kernels import AttentionMetadata, KVPages, paged_attention
+from kvscope.app.progress import Progress
+from kvscope.kernels import AttentionMetadata, KVPages, paged_attention
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, NUM_LAYERS = 9, 3, 64, 30
 BATCHES = (1, 8, 32)
@@ -95,12 +95,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # One batch-1 decode of 64 greedy tokens after a warm-up; prints tokens/s.
 ENGINE_PROGRAM = r"""
 import json, os, sys, time
-sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(int(sys.argv[3]))
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.sampler import SamplingParams
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.sampler import SamplingParams
 engine = Engine(EngineConfig(kv_budget_bytes=1 << 28, weights_dtype=sys.argv[2], prefix_cache=False))
 ids = engine.codec.encode("Write a short story about the sea number 0.")
 engine.generate([ids], SamplingParams(max_tokens=8))  # warm-up
@@ -116,7 +115,11 @@ print(json.dumps(produced / (time.perf_counter() - t0)))
 
 def engine_rate(root: Path, weights_dtype: str, threads: int) -> float | None:
     """tokens/s of one fresh-process run; None where that code lacks ``weights_dtype``."""
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(root)}
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    if (
+        root != ROOT
+    ):  # a baseline commit's tree, for this subprocess only; now: the installed kvscope
+        env["PYTHONPATH"] = str(root)
     proc = subprocess.run(
         [sys.executable, "-c", ENGINE_PROGRAM, str(root), weights_dtype, str(threads)],
         capture_output=True, text=True, env=env, cwd=root, timeout=600,

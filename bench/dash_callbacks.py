@@ -22,12 +22,12 @@ from pathlib import Path
 
 import common  # sets the import path
 
-from app.dashboard.screenshots import DEMO_CONFIG
-from app.dashboard.server import create_app
-from app.progress import Progress
-from db.queries import fingerprint, reader
-from profiler.recorder import Recorder
-from profiler.synthetic import SyntheticRun
+from kvscope.app.dashboard.screenshots import DEMO_CONFIG
+from kvscope.app.dashboard.server import create_app
+from kvscope.app.progress import Progress
+from kvscope.db.queries import fingerprint, reader
+from kvscope.profiler.recorder import Recorder
+from kvscope.profiler.synthetic import SyntheticRun
 
 EVENTS_PER_REQUEST = 21.5  # what the synthetic engine emits, GPU samples on
 

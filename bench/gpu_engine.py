@@ -31,7 +31,11 @@ pure-Python packages from this checkout's virtualenv (``run`` tool ``carry``:
 machine's own packages, so the machine's torch always wins. Without them part
 3 is skipped with a note and the rest still runs.
 
-Run: ``PYTHONUNBUFFERED=1 python bench/gpu_engine.py OUT_DIR [--smoke]``
+kvscope itself must be installed there (nothing is imported from the checkout's
+folders): ``pip install -q --no-deps --no-build-isolation -e .`` first.
+
+Run: ``pip install -q --no-deps --no-build-isolation -e . &&
+PYTHONUNBUFFERED=1 python bench/gpu_engine.py OUT_DIR [--smoke]``
 """
 
 from __future__ import annotations
@@ -50,28 +54,28 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# After the machine's own packages (its torch wins): the carried pure-Python ones.
 sys.path.extend(sorted(glob.glob(str(ROOT / ".venv/lib/python3*/site-packages"))))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from app.progress import Progress  # noqa: E402
-from engine.device import preset_match, synchronize  # noqa: E402
-from engine.dummy import byte_codec, dummy_shell  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.engine_config import EngineConfig  # noqa: E402
-from engine.events import (  # noqa: E402
+from kvscope.app.progress import Progress  # noqa: E402
+from kvscope.engine.device import preset_match, synchronize  # noqa: E402
+from kvscope.engine.dummy import byte_codec, dummy_shell  # noqa: E402
+from kvscope.engine.engine import Engine  # noqa: E402
+from kvscope.engine.engine_config import EngineConfig  # noqa: E402
+from kvscope.engine.events import (  # noqa: E402
     ChunkScheduled,
     EventBus,
     PrefixLookup,
     RequestPreempted,
     StepSummary,
 )
-from engine.memory_budget import predicted_kv_bytes  # noqa: E402
-from engine.model_config import ModelConfig  # noqa: E402
-from engine.presets import model_preset  # noqa: E402
-from engine.sampler import SamplingParams  # noqa: E402
+from kvscope.engine.memory_budget import predicted_kv_bytes  # noqa: E402
+from kvscope.engine.model_config import ModelConfig  # noqa: E402
+from kvscope.engine.presets import model_preset  # noqa: E402
+from kvscope.engine.sampler import SamplingParams  # noqa: E402
 
 DB_LIMIT = 16 << 20
 
@@ -361,7 +365,7 @@ def recording_ratio(
     """tok/s with the recorder subscribed over tok/s with nothing on the bus (one warm
     engine, same prompts, back to back); None without sqlite-utils."""
     try:
-        from profiler.recorder import Recorder
+        from kvscope.profiler.recorder import Recorder
     except ImportError:
         return None
     params = SamplingParams(max_tokens=new, ignore_eos=True)
@@ -547,11 +551,11 @@ def recorded_run(report: Report, device: str, smoke: bool, out: Path) -> dict:
     except ImportError:
         report.add("recorded run", "skipped: sqlite-utils is not importable", "-", "see docstring")
         return {"skipped": "sqlite-utils missing"}
-    from app.commands.run import _config_record
-    from app.run_job import drive
-    from app.workloads import builtin
-    from profiler.gpu_sampler import GpuSampler
-    from profiler.recorder import Recorder
+    from kvscope.app.commands.run import _config_record
+    from kvscope.app.run_job import drive
+    from kvscope.app.workloads import builtin
+    from kvscope.profiler.gpu_sampler import GpuSampler
+    from kvscope.profiler.recorder import Recorder
 
     config = throughput_config(smoke)
     requests, rate = (24, 200.0) if smoke else (512, 256.0)

@@ -126,16 +126,16 @@ def chosen_config(kernel: object) -> str:
 
 
 def causal_flops(lengths: list[int], num_q_heads: int, head_dim: int) -> float:
-    from kernels.backend import visible_pairs
+    from kvscope.kernels.backend import visible_pairs
 
     return 4.0 * visible_pairs(lengths, lengths, True) * num_q_heads * head_dim
 
 
 def prefill_rows(shapes: list[tuple], device: torch.device, reps: int) -> list[Row]:
     """Equal-length sequences: one varlen call, then the second halves over a cached prefix."""
-    from kernels import AttentionMetadata, KVPages, flash_attention_varlen, paged_attention
-    from kernels import triton_prefill as tp
-    from kernels.backend import visible_pairs
+    from kvscope.kernels import AttentionMetadata, KVPages, flash_attention_varlen, paged_attention
+    from kvscope.kernels import triton_prefill as tp
+    from kvscope.kernels.backend import visible_pairs
 
     rows = []
     for batch, seq, num_q_heads, num_kv_heads, head_dim, dtype in shapes:
@@ -218,8 +218,8 @@ def ragged_lengths(count: int, shortest: int, longest: int) -> list[int]:
 
 def ragged_rows(shapes: list[tuple], device: torch.device, reps: int) -> list[Row]:
     """A mixed-length batch in one varlen call against SDPA run on each sequence."""
-    from kernels import flash_attention_varlen
-    from kernels import triton_prefill as tp
+    from kvscope.kernels import flash_attention_varlen
+    from kvscope.kernels import triton_prefill as tp
 
     rows = []
     for lengths, num_q_heads, num_kv_heads, head_dim, dtype in shapes:
@@ -269,8 +269,8 @@ def ragged_rows(shapes: list[tuple], device: torch.device, reps: int) -> list[Ro
 
 
 def decode_rows(shapes: list[tuple], device: torch.device, reps: int, copy_gbs: float) -> list[Row]:
-    from kernels import AttentionMetadata, KVPages, paged_attention
-    from kernels import triton_decode as td
+    from kvscope.kernels import AttentionMetadata, KVPages, paged_attention
+    from kvscope.kernels import triton_decode as td
 
     rows = []
     for batch, context, num_q_heads, num_kv_heads, head_dim, kv_dtype in shapes:
@@ -408,7 +408,7 @@ def main() -> int:
             (16, 4096, 32, 32, 96, "fp16"),
         ]
     # Imported here, beside the kernels (the functions above import them late too).
-    from app.progress import Progress
+    from kvscope.app.progress import Progress
 
     torch.manual_seed(0)
     began = time.perf_counter()

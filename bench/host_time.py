@@ -8,7 +8,7 @@ subprocess, the two codes alternate, and the best of ``--rounds`` medians
 is kept. The baseline is checked out into a temporary ``git worktree``
 (the checkout's HEAD is never touched) and removed afterwards.
 
-The model is tests/tiny_model.py's 2-layer Llama, so the forward is short;
+The model is kvscope.engine.tiny's 2-layer Llama, so the forward is short;
 its wall time (attention and KV writes included) is measured around
 ``DecoderModel.forward`` and subtracted from each step's. On the CPU the
 device is the host: the host-to-device copies a GPU needs cost nothing here,
@@ -51,14 +51,13 @@ GOALS_US = {1: 50, 32: 200, 128: 600}
 
 def _decoding_engine(root: Path, batch: int, steps: int, **config):
     """An engine on the tiny model with ``batch`` requests past their prefill, decoding."""
-    sys.path.insert(0, str(root))
     import torch
 
     torch.set_num_threads(1)
-    from engine.engine import Engine
-    from engine.engine_config import EngineConfig
-    from engine.sampler import SamplingParams
-    from tests.tiny_model import tiny_loaded
+    from kvscope.engine.engine import Engine
+    from kvscope.engine.engine_config import EngineConfig
+    from kvscope.engine.sampler import SamplingParams
+    from kvscope.engine.tiny import tiny_loaded
 
     prompt = 256
     tokens = batch * (prompt + steps + 8)
@@ -124,7 +123,7 @@ QUEUE = {"requests": 64, "max_num_seqs": 16, "max_batched_tokens": 256, "per_ste
 def _simulated_device(engine, device_ms: float) -> tuple:
     """Patch ``engine`` onto a simulated device (see ``async_worker``); returns the
     virtual clock and the forwards' launch times."""
-    import engine.engine as engine_module
+    import kvscope.engine.engine as engine_module
 
     device_s = device_ms / 1e3
     excluded = [0.0]  # the forwards' CPU time, off the virtual clock
@@ -169,14 +168,13 @@ def _simulated_device(engine, device_ms: float) -> tuple:
 def queue_worker(root: Path, mode: str, device_ms: float) -> dict:
     """The ``--queue`` workload on the code in ``root``: decode steps, how many ran ahead,
     the simulated run time (until the last step's device time is over)."""
-    sys.path.insert(0, str(root))
     import torch
 
     torch.set_num_threads(1)
-    from engine.engine import Engine
-    from engine.engine_config import EngineConfig
-    from engine.sampler import SamplingParams
-    from tests.tiny_model import tiny_loaded
+    from kvscope.engine.engine import Engine
+    from kvscope.engine.engine_config import EngineConfig
+    from kvscope.engine.sampler import SamplingParams
+    from kvscope.engine.tiny import tiny_loaded
 
     q = QUEUE
     per_token = 2 * 2 * 2 * 8 * 4  # 2 layers x K,V x 2 KV heads x head_dim 8 x fp32
@@ -236,7 +234,11 @@ def queue_rows(old: Path, rounds: int, device_ms: float, progress) -> list:
 
 
 def run_worker(root: Path, batch: int, steps: int, *extra: str) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if (
+        root != ROOT
+    ):  # a baseline commit's tree, for this subprocess only; now: the installed kvscope
+        env["PYTHONPATH"] = str(root)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(root)]
     cmd += ["--batches", str(batch), "--steps", str(steps), *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, check=False)
@@ -309,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # Imported here, not at the top: a worker runs with the baseline's tree on its
     # path, and that code may predate app/progress.py.
-    from app.progress import Progress
+    from kvscope.app.progress import Progress
 
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "baseline"

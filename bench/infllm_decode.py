@@ -21,13 +21,13 @@ import time
 
 from common import median, table
 
-from app.evals.corpus import long_text_ids
-from app.progress import Progress
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.events import InfLLMRetrieval, KernelTiming
-from engine.loader import load_model
-from engine.sampler import SamplingParams
+from kvscope.app.evals.corpus import long_text_ids
+from kvscope.app.progress import Progress
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.events import InfLLMRetrieval, KernelTiming
+from kvscope.engine.loader import load_model
+from kvscope.engine.sampler import SamplingParams
 
 
 def measure(loaded, mode: str, context: int, steps: int, topk: int, repr_kind: str) -> dict:

@@ -14,12 +14,12 @@ import json
 
 import common
 
-from app.progress import Progress
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.loader import load_model
-from engine.sampler import SamplingParams
-from engine.sizing import KV_DTYPES
+from kvscope.app.progress import Progress
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.loader import load_model
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.sizing import KV_DTYPES
 
 
 def main() -> None:

@@ -18,11 +18,11 @@ import argparse
 import time
 from pathlib import Path
 
-from app.progress import Progress
-from engine.miss_reasons import MissReasons
-from engine.radix_cache import RadixCache
-from engine.replay.driver import ReplayConfig, ReplayDriver, prepare
-from engine.replay.traces import read_replay_trace
+from kvscope.app.progress import Progress
+from kvscope.engine.miss_reasons import MissReasons
+from kvscope.engine.radix_cache import RadixCache
+from kvscope.engine.replay.driver import ReplayConfig, ReplayDriver, prepare
+from kvscope.engine.replay.traces import read_replay_trace
 
 # The trace in the project's shared/ folder beside the repository, wherever this runs from.
 TRACE = str(

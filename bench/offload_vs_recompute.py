@@ -12,11 +12,11 @@ import time
 
 import common
 
-from app.progress import Progress
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.host_tier import HostTier
-from engine.loader import load_model
+from kvscope.app.progress import Progress
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.host_tier import HostTier
+from kvscope.engine.loader import load_model
 
 
 def main() -> None:

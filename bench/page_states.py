@@ -1,6 +1,6 @@
 """What an exact page map costs a reader: db.pages.step_pages at 100,000 pages.
 
-Records real runs of the tiny engine (tests/tiny_model.py) on a ``--pages`` pool
+Records real runs of the tiny engine (kvscope.engine.tiny) on a ``--pages`` pool
 (100,000 by default), a shared-prefix workload of ``--requests`` requests, and
 times ``step_pages`` (the newest snapshot with holders plus the page events since)
 at every step. Two run lengths (the second ``--longer`` times as many requests)
@@ -18,25 +18,22 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from tiny_model import VOCAB, tiny_loaded  # noqa: E402
-
-from app.progress import Progress  # noqa: E402
-from db.page_states import step_pages_from  # noqa: E402
-from db.pages import step_pages  # noqa: E402
-from db.source import connection  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.engine_config import EngineConfig  # noqa: E402
-from engine.events import EventBus  # noqa: E402
-from engine.sampler import SamplingParams  # noqa: E402
-from profiler.recorder import Recorder  # noqa: E402
+from kvscope.app.progress import Progress  # noqa: E402
+from kvscope.db.page_states import step_pages_from  # noqa: E402
+from kvscope.db.pages import step_pages  # noqa: E402
+from kvscope.db.source import connection  # noqa: E402
+from kvscope.engine.engine import Engine  # noqa: E402
+from kvscope.engine.engine_config import EngineConfig  # noqa: E402
+from kvscope.engine.events import EventBus  # noqa: E402
+from kvscope.engine.sampler import SamplingParams  # noqa: E402
+from kvscope.engine.tiny import VOCAB, tiny_loaded  # noqa: E402
+from kvscope.profiler.recorder import Recorder  # noqa: E402
 
 BYTES_PER_PAGE = 2 * 2 * 8 * 2 * 4 * 4  # the tiny model's K+V bytes of one 4-token page
 

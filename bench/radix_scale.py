@@ -2,7 +2,7 @@
 
 An 8B-shape run on one H200 has about 55,000 pages. For each pool size the
 tiny test model's engine gets a pool filled to the brim with cached chains
-(tests/test_scale.py's set-up), then:
+(kvscope.engine.tiny's fill_cache, as tests/test_scale.py), then:
 
 - eviction: time ``evict`` taking pages in batches of 8 (as the scheduler's
   reclaim does) until 800 pages are freed: microseconds per evicted page;
@@ -24,10 +24,11 @@ import time
 
 import common
 
-from app.progress import Progress
-from engine.sampler import SamplingParams
-from tests.test_scale import PAGE, fill_cache, workload
-from tests.test_scheduler import tiny_engine
+from kvscope.app.progress import Progress
+from kvscope.engine.sampler import SamplingParams
+from kvscope.engine.tiny import fill_cache, shared_stem_workload, tiny_engine
+
+PAGE = 4  # tokens per page, as tests/test_scale.py's pools
 
 SIZES = (1_000, 10_000, 100_000)
 EVICT = 800  # fewer than the smallest pool caches
@@ -49,7 +50,7 @@ def evict_us_per_page(pages: int) -> float:
 def step_ms(pages: int) -> tuple[float, int]:
     engine = tiny_engine(pages, PAGE, max_batched_tokens=64)
     fill_cache(engine)
-    for _, prompt, n in workload():
+    for _, prompt, n in shared_stem_workload():
         engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
     steps = 0
     t0 = time.perf_counter()

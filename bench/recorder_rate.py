@@ -27,18 +27,15 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np  # noqa: E402
 
-from app.progress import Progress  # noqa: E402
-from db.schema import PAGE_MAP_COLUMNS  # noqa: E402
-from engine.events import (  # noqa: E402
+from kvscope.app.progress import Progress  # noqa: E402
+from kvscope.db.schema import PAGE_MAP_COLUMNS  # noqa: E402
+from kvscope.engine.events import (  # noqa: E402
     PAGE_CACHED,
     PAGE_FREE,
     Event,
@@ -50,8 +47,8 @@ from engine.events import (  # noqa: E402
     StepSummary,
     now_ns,
 )
-from profiler.recorder import Recorder, to_batch  # noqa: E402
-from profiler.synthetic import SyntheticRun  # noqa: E402
+from kvscope.profiler.recorder import Recorder, to_batch  # noqa: E402
+from kvscope.profiler.synthetic import SyntheticRun  # noqa: E402
 
 
 def synthetic_mix(n: int, start_ns: int) -> list[Event]:

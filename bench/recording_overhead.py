@@ -20,13 +20,13 @@ from pathlib import Path
 
 import common
 
-from app.progress import Progress
-from app.run_job import drive
-from app.workloads import builtin
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.loader import load_model
-from profiler.recorder import Recorder
+from kvscope.app.progress import Progress
+from kvscope.app.run_job import drive
+from kvscope.app.workloads import builtin
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.loader import load_model
+from kvscope.profiler.recorder import Recorder
 
 
 def run_once(loaded, items, mode: str, db: Path) -> float:
@@ -50,7 +50,7 @@ def run_once(loaded, items, mode: str, db: Path) -> float:
 
 def _drive_under_tui(engine, items, db: Path, run_id: int, stop: threading.Event) -> None:
     """The engine in a worker thread, the real TUI following the database, headless."""
-    from app.tui.app import KvscopeApp
+    from kvscope.app.tui.app import KvscopeApp
 
     done = threading.Event()
 

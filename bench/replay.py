@@ -30,13 +30,11 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from app.commands.replay import DEFAULT_CAPACITIES, DEFAULT_POLICIES, RecordSession  # noqa: E402
-from app.output_format import format_table  # noqa: E402
-from app.progress import Progress  # noqa: E402
-from engine.replay import ReplayConfig, ReplayDriver, prepare, read_replay_trace  # noqa: E402
-from engine.replay.sweep import run_sweep, sweep_configs  # noqa: E402
+from kvscope.app.commands.replay import DEFAULT_CAPACITIES, DEFAULT_POLICIES, RecordSession  # noqa: E402
+from kvscope.app.output_format import format_table  # noqa: E402
+from kvscope.app.progress import Progress  # noqa: E402
+from kvscope.engine.replay import ReplayConfig, ReplayDriver, prepare, read_replay_trace  # noqa: E402
+from kvscope.engine.replay.sweep import run_sweep, sweep_configs  # noqa: E402
 
 TRACE = (
     Path(__file__).resolve().parent.parent.parent

@@ -15,13 +15,13 @@ import time
 
 import common
 
-from app.progress import Progress
-from app.workloads import DOCUMENT, QUESTIONS, SYSTEM_PROMPT
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.events import EventBus, StepSummary
-from engine.loader import load_model
-from engine.sampler import SamplingParams
+from kvscope.app.progress import Progress
+from kvscope.app.workloads import DOCUMENT, QUESTIONS, SYSTEM_PROMPT
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.events import EventBus, StepSummary
+from kvscope.engine.loader import load_model
+from kvscope.engine.sampler import SamplingParams
 
 
 def run(loaded, prompts: list[list[int]], new: int, prefix_cache: bool) -> dict:

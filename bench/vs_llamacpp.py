@@ -81,12 +81,15 @@ def prepare_llamacpp() -> Path:
 # --- the measured programs: each prints one JSON line --------------------------------
 
 LLAMA_PROGRAM = r"""
-import json, sys, time
+import json, os, sys, time
 import llama_cpp as lc
 path, mode, n, flash, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
 prompts = json.loads(sys.stdin.read())
 lc.llama_backend_init()
-model = lc.llama_model_load_from_file(path.encode(), lc.llama_model_default_params())
+mp = lc.llama_model_default_params()
+if os.environ.get("KVSCOPE_LLAMA_NO_EXTRA_BUFTS") == "1":
+    mp.use_extra_bufts = False  # no AMX/extra buffer types: they crash on some CPUs
+model = lc.llama_model_load_from_file(path.encode(), mp)
 vocab = lc.llama_model_get_vocab(model)
 cp = lc.llama_context_default_params()
 cp.n_ctx = 8192; cp.n_batch = 2048; cp.n_ubatch = 512; cp.n_seq_max = n if mode == "decode" else 1
@@ -135,14 +138,13 @@ print(json.dumps({"tokens": NEW * len(toks), "seconds": dt}))
 
 KVSCOPE_PROGRAM = r"""
 import json, os, sys, time
-sys.path.insert(0, ROOT)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 mode, n, wdtype, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 torch.set_num_threads(threads)
-from engine.engine import Engine
-from engine.engine_config import EngineConfig
-from engine.sampler import SamplingParams
+from kvscope.engine.engine import Engine
+from kvscope.engine.engine_config import EngineConfig
+from kvscope.engine.sampler import SamplingParams
 prompts = json.loads(sys.stdin.read())
 engine = Engine(EngineConfig(kv_budget_bytes=1 << 30, weights_dtype=wdtype, max_num_seqs=64, prefix_cache=False))
 ids = [engine.codec.encode(p) for p in prompts[: max(n, 1)]]
@@ -185,10 +187,41 @@ def prompts_for(mode: str, count: int) -> list[str]:
     ]
 
 
-def measure(cmd: list[str], prompts: list[str], env: dict[str, str] | None = None) -> float:
+# Set once llama.cpp's native build has crashed with its extra buffer types (AMX on
+# Xeons segfaults in the first llama_decode): every later llama.cpp run goes without them.
+NO_EXTRA_BUFTS = {"used": False}
+
+
+def measure_llama(cmd: list[str], prompts: list[str], env: dict[str, str]) -> float:
+    """``measure`` for llama.cpp: a run killed by a signal (a native crash) is retried once
+    with ``use_extra_bufts = False``, and all later runs keep that setting."""
+    if NO_EXTRA_BUFTS["used"]:
+        env = {**env, "KVSCOPE_LLAMA_NO_EXTRA_BUFTS": "1"}
     proc = subprocess.run(
         cmd, input=json.dumps(prompts), capture_output=True, text=True, timeout=900, env=env
     )
+    if proc.returncode < 0 and not NO_EXTRA_BUFTS["used"]:
+        NO_EXTRA_BUFTS["used"] = True
+        print(
+            f"llama.cpp crashed natively (signal {-proc.returncode}); measuring it with "
+            "use_extra_bufts = False (no AMX extra buffer types) from here on",
+            file=sys.stderr,
+        )
+        return measure_llama(cmd, prompts, env)
+    return measure(cmd, prompts, env, proc)
+
+
+def measure(
+    cmd: list[str],
+    prompts: list[str],
+    env: dict[str, str] | None = None,
+    proc: subprocess.CompletedProcess | None = None,
+) -> float:
+    """tokens/s of one subprocess run of ``cmd`` (or of its finished ``proc``)."""
+    if proc is None:
+        proc = subprocess.run(
+            cmd, input=json.dumps(prompts), capture_output=True, text=True, timeout=900, env=env
+        )
     if proc.returncode != 0:
         raise SystemExit(f"benchmark subprocess failed: {proc.stderr.strip().splitlines()[-1:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -213,10 +246,9 @@ def main() -> None:
         "--rows", nargs="+", metavar="ROW", help="only these: decode1 decode8 decode32 prefill500"
     )
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
-    from app.progress import Progress
-    from engine.device import resolve_weights_dtype
-    from engine.loader import default_model_path
+    from kvscope.app.progress import Progress
+    from kvscope.engine.device import resolve_weights_dtype
+    from kvscope.engine.loader import default_model_path
 
     gguf = str(default_model_path())
     weights = args.weights_dtype
@@ -257,7 +289,7 @@ def main() -> None:
                 progress.advance()
                 continue
             samples["llama.cpp"].append(
-                measure(
+                measure_llama(
                     [
                         str(llama_python),
                         "-c",
@@ -273,7 +305,7 @@ def main() -> None:
                 )
             )
             samples["llama.cpp FA"].append(
-                measure(
+                measure_llama(
                     [
                         str(llama_python),
                         "-c",
@@ -316,6 +348,7 @@ def main() -> None:
         "recorded (DESIGN.md), not run"
         if recorded
         else f"run alternately, medians of {args.repeats}"
+        + (", use_extra_bufts = False after a native crash" if NO_EXTRA_BUFTS["used"] else "")
     )
     print(
         f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, {args.threads} threads, kvscope weights {weights}, "

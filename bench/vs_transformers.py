@@ -14,20 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from app.progress import Progress  # noqa: E402
-from app.workloads import QUESTIONS  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.engine_config import EngineConfig  # noqa: E402
-from engine.loader import default_model_path, load_model  # noqa: E402
-from engine.sampler import SamplingParams  # noqa: E402
+from kvscope.app.progress import Progress  # noqa: E402
+from kvscope.app.workloads import QUESTIONS  # noqa: E402
+from kvscope.engine.engine import Engine  # noqa: E402
+from kvscope.engine.engine_config import EngineConfig  # noqa: E402
+from kvscope.engine.loader import default_model_path, load_model  # noqa: E402
+from kvscope.engine.sampler import SamplingParams  # noqa: E402
 
 
 def prompts(n: int) -> list[str]:

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import common  # sets the import path
 
-from app.progress import Progress
-from db.store import open_db
-from db.watch_schema import EVENTS_SOURCE, METRICS_SOURCE, OP_CLEARED, OP_REMOVED, OP_STORED
-from db.watch_writer import WatchBatch, WatchWriter
-from db.writer import create_run
+from kvscope.app.progress import Progress
+from kvscope.db.store import open_db
+from kvscope.db.watch_schema import EVENTS_SOURCE, METRICS_SOURCE, OP_CLEARED, OP_REMOVED, OP_STORED
+from kvscope.db.watch_writer import WatchBatch, WatchWriter
+from kvscope.db.writer import create_run
 
 RANKS = 8
 CAPACITY = 30_000  # GPU blocks per rank
@@ -235,10 +235,10 @@ def database(directory: Path, total: int) -> tuple[Path, float | None]:
 
 
 def time_views(path: Path, repeats: int) -> dict:
-    from app.dashboard.server import create_app
-    from app.report.html import build_html
-    from app.tui import watch_view
-    from db.queries import fingerprint, reader
+    from kvscope.app.dashboard.server import create_app
+    from kvscope.app.report.html import build_html
+    from kvscope.app.tui import watch_view
+    from kvscope.db.queries import fingerprint, reader
 
     with reader(path) as db:
         run_id = db.execute("SELECT id FROM runs WHERE kind = 'watch'").fetchone()[0]
@@ -314,7 +314,7 @@ def removal_cost(chunk: int = 200_000) -> None:
     """Per-removal cost as the fleet's memory of removed hashes fills to its bound
     (``EVICTED_MEMORY``) and forgets its oldest: flat, where the replay's dict had
     made each removal 40-620 us past 1M (issue 23)."""
-    from db.watch_aggregates import EVICTED_MEMORY, FleetState
+    from kvscope.db.watch_aggregates import EVICTED_MEMORY, FleetState
 
     state = FleetState(1, 0)
     state.add_source(0, "vllm")

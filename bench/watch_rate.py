@@ -59,11 +59,11 @@ import msgpack
 import watch_long
 import zmq
 
-from app.progress import Progress
-from db.watch_schema import OP_REMOVED, OP_STORED
-from profiler.watch.publisher import EventPublisher
-from profiler.watch.session import WatchSession
-from profiler.watch.sources import expand_sources
+from kvscope.app.progress import Progress
+from kvscope.db.watch_schema import OP_REMOVED, OP_STORED
+from kvscope.profiler.watch.publisher import EventPublisher
+from kvscope.profiler.watch.session import WatchSession
+from kvscope.profiler.watch.sources import expand_sources
 
 FLUSH_AT = 2000  # batches a transaction: the recorder's flush_at
 
@@ -296,12 +296,12 @@ def stages(args: argparse.Namespace) -> None:
     (marshal, as to the writer process); SQLite inserts and folding into the
     aggregates (with their writes, a transaction per flush) with the writer
     process's collector settings."""
-    from db.store import open_db
-    from db.watch_schema import BLOCK_COLUMNS
-    from db.watch_writer import WatchBatch, WatchWriter, _insert, unpack_hashes
-    from db.writer import create_run
-    from profiler.watch.rows import SourceAttrs, batch_rows
-    from profiler.watch.wire import decode_batch
+    from kvscope.db.store import open_db
+    from kvscope.db.watch_schema import BLOCK_COLUMNS
+    from kvscope.db.watch_writer import WatchBatch, WatchWriter, _insert, unpack_hashes
+    from kvscope.db.writer import create_run
+    from kvscope.profiler.watch.rows import SourceAttrs, batch_rows
+    from kvscope.profiler.watch.wire import decode_batch
 
     schedule, n = _schedule(args, [_Encoder() for _ in range(_sources(args))])
     seqs = [0] * _sources(args)
