@@ -117,6 +117,7 @@ def cpu_packs_bf16() -> bool:
     or AVX-NE-CONVERT, so an AVX2-only CPU (many AMD EPYCs) keeps the plain layout."""
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
+
 INT4_GROUP = 32  # Q4_1's block: a Q4_1 checkpoint's weights come back exactly on this grid
 INT4_ROWS = 16  # torch's CPU int4 packing takes out-features in multiples of 16
 

@@ -95,9 +95,7 @@ def test_too_long_prompts_refused_others_answered(capsys):
 
 def test_bad_kv_budget_flag_is_one_line():
     # argparse errors go through the real executable: usage + one error line, exit 2.
-    proc = subprocess.run(
-        [KVSCOPE, "info", "--kv-budget", "lots"], capture_output=True, text=True
-    )
+    proc = subprocess.run([KVSCOPE, "info", "--kv-budget", "lots"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "invalid size 'lots'" in proc.stderr and "Traceback" not in proc.stderr
 
