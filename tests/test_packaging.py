@@ -11,6 +11,7 @@ built from the tree is opened to check what it would install.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -121,3 +122,13 @@ def test_a_wheel_installs_one_top_level_name(tmp_path):
     assert "kvscope/app/tui/tui.tcss" in files  # package data
     entry = zipfile.ZipFile(wheel).read(next(f for f in files if f.endswith("entry_points.txt")))
     assert "kvscope = kvscope.app.cli:main" in entry.decode()
+
+
+def test_the_suite_does_not_import_from_the_repository_root():
+    """Collection imports every test module: one that put the root on ``sys.path`` (a bench
+    script did) made transformers' ``import kernels`` find kvscope's folder for the rest of
+    the session. Only tests/ (for tests/support) may be on the path."""
+    roots = [p for p in sys.path if p and Path(p).resolve() == ROOT]
+    assert not roots, sys.path
+    spec = importlib.util.find_spec("kernels")  # Hugging Face's, where transformers is installed
+    assert spec is None or ROOT not in Path(spec.origin or "").resolve().parents, spec
