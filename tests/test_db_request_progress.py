@@ -24,16 +24,16 @@ def test_progress_at_the_finish_step_equals_the_engines_count(
 ) -> None:
     db = tmp_path / "run.db"
     engine = make_engine(
-        kv_budget_bytes=24 << 20, offload="auto", preemption=preemption, max_batched_tokens=256
+        kv_budget_bytes=16 << 20, offload="auto", preemption=preemption, max_batched_tokens=256
     )
     finished: list[RequestFinished] = []
     engine.bus.subscribe(lambda e: finished.append(e) if isinstance(e, RequestFinished) else None)
     recorder = Recorder(db, {"test": True}, model="smollm2")
     engine.bus.subscribe(recorder.on_event)
     recorder.start()
-    drive(engine, builtin("chat", 12, rate=0.0), threading.Event())
+    drive(engine, builtin("chat", 6, rate=0.0), threading.Event())
     recorder.finish("complete")
-    assert len(finished) == 12
+    assert len(finished) == 6
     assert sum(r.num_preemptions for r in engine.requests.values()) > 0
     conn = open_db(db, create=False).conn
     for e in finished:
