@@ -20,7 +20,7 @@ install: $(DEV_STAMP)
 
 install-run: $(RUN_STAMP)
 
-$(RUN_STAMP): pyproject.toml requirements/run.txt requirements/model.txt db/_hashmap.c
+$(RUN_STAMP): pyproject.toml requirements/run.txt requirements/model.txt
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(PIP) -r requirements/run.txt -r requirements/model.txt
 	# The build backend's advice about editable installs is not for users (it filled the output).

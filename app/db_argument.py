@@ -55,3 +55,13 @@ def db_path(args: argparse.Namespace) -> Path:
     if len(given) > 1:
         raise KvscopeError(f"two databases named ({' and '.join(sorted(given))}): give DB or --db")
     return Path(given.pop()) if given else default_db_path()
+
+
+def viewed_db_path(args: argparse.Namespace) -> Path:
+    """``db_path`` for a command that shows a database: its stale watch runs (left by
+    a schema upgrade) folded again first (``app.refold``)."""
+    from kvscope.app.refold import refold_stale
+
+    path = db_path(args)
+    refold_stale(path)
+    return path

@@ -4,8 +4,9 @@
 line and how long it took. ``Progress(total, what)`` prints "3/12 cases, 40 s,
 ETA 2 min 0 s" as each unit finishes (the ETA from the mean time per finished
 unit). On a terminal one line is rewritten in place; into a file or pipe each
-update is its own line, at most one per ``every_s`` seconds. ``kvscope eval`` and
-``simulate`` share it (``replay`` prints its own line per point, with its hit rate).
+update is its own line, at most one per ``every_s`` seconds. ``kvscope eval``,
+``simulate`` and ``replay`` share it (``replay`` gives each point's hit rate as the
+line's detail, a line per point).
 """
 
 from __future__ import annotations
@@ -56,20 +57,24 @@ class Progress:
         self._last_print = float("-inf")
         self._tty = self.stream.isatty()
 
-    def line(self, now: float | None = None) -> str:
+    def line(self, now: float | None = None, detail: str | None = None) -> str:
         elapsed = (now if now is not None else time.monotonic()) - self.started
         text = f"[kvscope] {self.done}/{self.total} {self.what}, {duration_text(elapsed)}"
         if 0 < self.done < self.total:
             left = elapsed / self.done * (self.total - self.done)
             text += f", ETA {duration_text(left)}"
-        return text
+        return text if detail is None else f"{text}: {detail}"
 
-    def advance(self, n: int = 1) -> None:
-        """``n`` more units done: print the line (throttled unless on a terminal or the last)."""
+    def advance(self, n: int = 1, detail: str | None = None) -> None:
+        """``n`` more units done: print the line (throttled unless on a terminal or the last).
+        With ``detail`` (what the unit found, a sweep point's hit rate) every unit gets a
+        line of its own, kept on a terminal too."""
         self.done += n
         now = time.monotonic()
         last = self.done >= self.total
-        if self._tty:
+        if detail is not None:
+            print(self.line(now, detail), file=self.stream, flush=True)
+        elif self._tty:
             end = "\n" if last else ""
             print(f"\r{self.line(now)}\x1b[K", end=end, file=self.stream, flush=True)
         elif last or now - self._last_print >= self.every_s:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvscope.db.pages import _REPLAY_ORDER
+from kvscope.db.page_replay import _REPLAY_ORDER
 from kvscope.db.runs import choose_run
 from kvscope.db.source import stored_json
 from kvscope.db.store import open_db

@@ -21,7 +21,9 @@ from kvscope.engine.sampler import SamplingParams
 
 
 @dataclass(slots=True)
-class Progress:
+class RunProgress:
+    """Where a driven workload stands: what ``drive`` hands ``on_progress``."""
+
     submitted: int
     finished: int
     rejected: int
@@ -40,7 +42,7 @@ def drive(
     engine: Engine,
     items: list[WorkItem],
     stop: threading.Event,
-    on_progress: Callable[[Progress], None] | None = None,
+    on_progress: Callable[[RunProgress], None] | None = None,
     progress_every_s: float = 0.5,
     ignore_eos: bool = False,
 ) -> dict:
@@ -77,7 +79,7 @@ def drive(
         if on_progress and (time.monotonic() - t0 - last_report >= progress_every_s):
             last_report = time.monotonic() - t0
             on_progress(
-                Progress(
+                RunProgress(
                     submitted,
                     finished,
                     len(rejections),

@@ -28,7 +28,7 @@ from kvscope.app.dashboard import screenshots as dash_shots
 from kvscope.app.tui import screenshots as tui_shots
 from kvscope.app.watch_demo import record_watch_demo
 from kvscope.db.infllm import retrievals
-from kvscope.db.pages import most_shared_step
+from kvscope.db.page_replay import most_shared_step
 from kvscope.db.runs import list_runs
 from kvscope.engine.errors import KvscopeError
 

@@ -8,8 +8,35 @@ from __future__ import annotations
 
 import os
 import statistics
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+LAYERS = ("app", "db", "engine", "kernels", "profiler")
+
+
+def code_env(tree: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment in which a subprocess runs ``tree``'s code (a baseline commit's
+    ``git worktree``) instead of the installed kvscope.
+
+    A folder of links, ``kvscope/app`` to ``tree/app`` and so on, goes first on
+    PYTHONPATH: sys.path is searched before the editable install's finder, so
+    ``kvscope.engine`` is the tree's. A tree from before the one import name (its
+    modules imported as ``engine``, ``db``, ...) gets itself on PYTHONPATH instead.
+    The links live inside the tree and go with it."""
+    env = dict(os.environ if env is None else env)
+    if "kvscope.app" not in (tree / "pyproject.toml").read_text():
+        env["PYTHONPATH"] = str(tree)
+        return env
+    links = tree / ".bench-imports" / "kvscope"
+    links.mkdir(parents=True, exist_ok=True)
+    for layer in LAYERS:
+        link = links / layer
+        if not link.is_symlink():
+            link.symlink_to(tree / layer, target_is_directory=True)
+    env["PYTHONPATH"] = str(links.parent)
+    return env
 
 
 def table(headers: list[str], rows: list[list[object]]) -> str:

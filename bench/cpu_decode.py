@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common
 import torch
 
 from kvscope.app.progress import Progress
@@ -116,10 +117,8 @@ print(json.dumps(produced / (time.perf_counter() - t0)))
 def engine_rate(root: Path, weights_dtype: str, threads: int) -> float | None:
     """tokens/s of one fresh-process run; None where that code lacks ``weights_dtype``."""
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    if (
-        root != ROOT
-    ):  # a baseline commit's tree, for this subprocess only; now: the installed kvscope
-        env["PYTHONPATH"] = str(root)
+    if root != ROOT:  # a baseline commit's tree, for this subprocess only
+        env = common.code_env(root, env)
     proc = subprocess.run(
         [sys.executable, "-c", ENGINE_PROGRAM, str(root), weights_dtype, str(threads)],
         capture_output=True, text=True, env=env, cwd=root, timeout=600,

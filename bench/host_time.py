@@ -44,6 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import common
+
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "6191dc4"  # main before issue 22's host-side changes
 GOALS_US = {1: 50, 32: 200, 128: 600}
@@ -235,10 +237,8 @@ def queue_rows(old: Path, rounds: int, device_ms: float, progress) -> list:
 
 def run_worker(root: Path, batch: int, steps: int, *extra: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if (
-        root != ROOT
-    ):  # a baseline commit's tree, for this subprocess only; now: the installed kvscope
-        env["PYTHONPATH"] = str(root)
+    if root != ROOT:  # a baseline commit's tree, for this subprocess only
+        env = common.code_env(root, env)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(root)]
     cmd += ["--batches", str(batch), "--steps", str(steps), *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, check=False)

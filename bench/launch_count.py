@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import common
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from kvscope.profiler.launch_count import measure  # noqa: E402
@@ -40,8 +42,8 @@ def baseline(rev: str, argv: list[str]) -> dict:
         try:
             script = tree / "bench" / "launch_count.py"
             script.write_text(Path(__file__).read_text())  # this counter, that code
-            # The code of that commit, for this subprocess only (its own layout).
-            env = {**os.environ, "PYTHONPATH": str(tree), "TRITON_INTERPRET": "1"}
+            # The code of that commit, for this subprocess only.
+            env = common.code_env(tree, {**os.environ, "TRITON_INTERPRET": "1"})
             proc = subprocess.run(
                 [sys.executable, str(script), *argv, "--json"], capture_output=True, text=True, env=env, cwd=tree
             )  # fmt: skip

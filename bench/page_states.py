@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from kvscope.app.progress import Progress  # noqa: E402
+from kvscope.db.page_replay import step_pages  # noqa: E402
 from kvscope.db.page_states import step_pages_from  # noqa: E402
-from kvscope.db.pages import step_pages  # noqa: E402
 from kvscope.db.source import connection  # noqa: E402
 from kvscope.engine.engine import Engine  # noqa: E402
 from kvscope.engine.engine_config import EngineConfig  # noqa: E402

@@ -30,9 +30,10 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from kvscope.app.commands.replay import DEFAULT_CAPACITIES, DEFAULT_POLICIES, RecordSession  # noqa: E402
+from kvscope.app.commands.replay import DEFAULT_CAPACITIES, DEFAULT_POLICIES  # noqa: E402
 from kvscope.app.output_format import format_table  # noqa: E402
 from kvscope.app.progress import Progress  # noqa: E402
+from kvscope.app.replay.session import RecordSession  # noqa: E402
 from kvscope.engine.replay import ReplayConfig, ReplayDriver, prepare, read_replay_trace  # noqa: E402
 from kvscope.engine.replay.sweep import run_sweep, sweep_configs  # noqa: E402
 

@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import common
+
 ROOT = Path(__file__).resolve().parents[1]
 RATE = re.compile(r"kvscope watch \(recorded\): ([\d,]+) block events/s")
 COMMIT = re.compile(r"to the last commit: ([\d,]+) block events/s")
@@ -31,9 +33,10 @@ COMMIT = re.compile(r"to the last commit: ([\d,]+) block events/s")
 
 def _run(tree: Path, extra: list[str]) -> tuple[float, float | None]:
     """One watch_rate.py run from ``tree``: (recorded, to the last commit) block events/s."""
+    env = None if tree == ROOT else common.code_env(tree)  # that tree's code, not the installed
     out = subprocess.run(
         [sys.executable, str(tree / "bench" / "watch_rate.py"), *extra],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT, capture_output=True, text=True, check=True, env=env,
     ).stdout  # fmt: skip
     rate = RATE.search(out)
     if rate is None:

@@ -37,9 +37,10 @@ import common  # sets the import path
 
 from kvscope.app.progress import Progress
 from kvscope.db.store import open_db
+from kvscope.db.watch_batch import WatchBatch
 from kvscope.db.watch_schema import EVENTS_SOURCE, METRICS_SOURCE, OP_CLEARED, OP_REMOVED, OP_STORED
-from kvscope.db.watch_writer import WatchBatch, WatchWriter
 from kvscope.db.writer import create_run
+from kvscope.profiler.watch.writer import WatchWriter
 
 RANKS = 8
 CAPACITY = 30_000  # GPU blocks per rank
@@ -314,9 +315,10 @@ def removal_cost(chunk: int = 200_000) -> None:
     """Per-removal cost as the fleet's memory of removed hashes fills to its bound
     (``EVICTED_MEMORY``) and forgets its oldest: flat, where the replay's dict had
     made each removal 40-620 us past 1M (issue 23)."""
-    from kvscope.db.watch_aggregates import EVICTED_MEMORY, FleetState
+    from kvscope.profiler.watch.fold import WatchFold
+    from kvscope.profiler.watch.fold.removal_memory import EVICTED_MEMORY
 
-    state = FleetState(1, 0)
+    state = WatchFold(1, 0)
     state.add_source(0, "vllm")
     # Two chunks past the bound, so the last ones pay for forgetting.
     for k in range(EVICTED_MEMORY // chunk + 2):

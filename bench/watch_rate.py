@@ -297,11 +297,13 @@ def stages(args: argparse.Namespace) -> None:
     aggregates (with their writes, a transaction per flush) with the writer
     process's collector settings."""
     from kvscope.db.store import open_db
+    from kvscope.db.watch_aggregates import write_aggregates
+    from kvscope.db.watch_batch import WatchBatch, insert_statement, unpack_hashes
     from kvscope.db.watch_schema import BLOCK_COLUMNS
-    from kvscope.db.watch_writer import WatchBatch, WatchWriter, _insert, unpack_hashes
     from kvscope.db.writer import create_run
     from kvscope.profiler.watch.rows import SourceAttrs, batch_rows
     from kvscope.profiler.watch.wire import decode_batch
+    from kvscope.profiler.watch.writer import WatchWriter
 
     schedule, n = _schedule(args, [_Encoder() for _ in range(_sources(args))])
     seqs = [0] * _sources(args)
@@ -351,7 +353,7 @@ def stages(args: argparse.Namespace) -> None:
             started_at=time.time(), start_ns=0,
         )  # fmt: skip
         writer = WatchWriter(db, run_id)
-        sql = _insert("watch_blocks", BLOCK_COLUMNS, run_id)
+        sql = insert_statement("watch_blocks", BLOCK_COLUMNS, run_id)
         t = clock()  # the usual batch's hashes come packed: their lists, as the writer folds them
         chunks = [(blocks, unpack_hashes(hash_lists)) for blocks, hash_lists in chunks]
         unpack_s = clock() - t
@@ -369,7 +371,7 @@ def stages(args: argparse.Namespace) -> None:
         for blocks, hash_lists in chunks:
             with db.atomic():
                 state.apply(blocks, hash_lists)
-                state.persist(db.conn)
+                write_aggregates(db.conn, run_id, state.changes())
             gc.freeze()
         fold_s = clock() - t
         db.conn.close()

@@ -15,9 +15,10 @@ from sqlite_utils import Database
 from kvscope.db.schema import APPLICATION_ID
 from kvscope.db.watch_aggregates import (
     add_forgotten_removals,
-    add_prefill_series,
+    add_prefill_columns,
     create_aggregate_tables,
-    rebuild_all,
+    create_stale_table,
+    mark_stale,
 )
 from kvscope.db.watch_schema import create_watch_tables, drop_raw_run_index
 from kvscope.engine.errors import KvscopeError
@@ -191,10 +192,11 @@ def _v5_page_map_holds(db: Database) -> None:
 def _v6_watch_aggregates(db: Database) -> None:
     """What the watch views read, kept by the recorder as it writes (issue 23):
     live blocks, series, misses, histograms, duplication, shared prefixes; and a
-    ``run_id`` index on ``watch_blocks``. Watch runs recorded before are folded
-    from their raw rows here, once."""
+    ``run_id`` index on ``watch_blocks``. Watch runs recorded before are marked
+    stale, to be folded from their raw rows (``profiler.watch.fold.refold_stale``)."""
     create_aggregate_tables(db)
-    rebuild_all(db.conn)
+    create_stale_table(db)
+    mark_stale(db.conn)
 
 
 def _v7_watch_raw_unindexed(db: Database) -> None:
@@ -205,15 +207,24 @@ def _v7_watch_raw_unindexed(db: Database) -> None:
 
 def _v8_watch_prefill_series(db: Database) -> None:
     """``watch_series.new_blocks`` and ``both_misses``: a window's shares of prefill
-    (issue 23). Filled by folding again runs that hold all their raw rows; NULL
-    for runs trimmed by ``--keep-raw``."""
-    add_prefill_series(db)
+    (issue 23). Runs that hold all their raw rows are marked stale, to be folded
+    again to fill them; NULL for runs trimmed by ``--keep-raw``."""
+    add_prefill_columns(db)
 
 
 def _v9_watch_forgotten_removals(db: Database) -> None:
     """``watch_source_stats.forgotten_removals``: removals the fold's fleet-wide
     memory of removed hashes let go of (issue 23); 0 for runs recorded before."""
     add_forgotten_removals(db)
+
+
+def _v10_watch_stale_runs(db: Database) -> None:
+    """``watch_agg_stale``: the runs whose aggregates a migration left to be folded
+    again. Migrations no longer fold (the fold is the profiler's, above db/): 6 and 8
+    mark the runs they change, and whoever opens the file to view or continue it
+    folds them (``kvscope refold`` does it on its own). Files migrated past 8 before
+    had been folded then, and have none."""
+    create_stale_table(db)
 
 
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
@@ -226,6 +237,7 @@ MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v7_watch_raw_unindexed,
     _v8_watch_prefill_series,
     _v9_watch_forgotten_removals,
+    _v10_watch_stale_runs,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

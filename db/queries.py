@@ -23,18 +23,16 @@ from kvscope.db.events import (
 )
 from kvscope.db.formulas import KernelStat, RunSummary
 from kvscope.db.kernels import DevicePeaks, TransferCost, device_peaks, kernel_stats, transfer_costs
+from kvscope.db.page_replay import PageStateMatrix, page_state_matrix, step_pages
 from kvscope.db.pages import (
     PAGE_OFFLOADED,
     PageBalance,
     PageMatrix,
     PageSnapshot,
-    PageStateMatrix,
     decode_owners,
     page_accounting,
     page_map_at,
     page_maps,
-    page_state_matrix,
-    step_pages,
 )
 from kvscope.db.raw import last_step_ns, raw_rows
 from kvscope.db.requests import (
@@ -49,7 +47,7 @@ from kvscope.db.requests import (
 from kvscope.db.runs import (
     HEARTBEAT_STALE_S,
     Comparison,
-    Progress,
+    LatestStep,
     RunInfo,
     choose_run,
     compare_runs,
@@ -90,7 +88,7 @@ __all__ = [
     "PageMatrix",
     "PageSnapshot",
     "PageStateMatrix",
-    "Progress",
+    "LatestStep",
     "RequestRow",
     "RequestState",
     "RequestTimes",

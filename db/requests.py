@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from kvscope.db.miss_reasons import MissCounts, request_miss_reasons
+from kvscope.db.page_replay import step_pages
 from kvscope.db.page_states import StepPages
-from kvscope.db.pages import step_pages
 from kvscope.db.source import NO_END, NO_START, Position, Source, connection, kinds_sql, run_origin
 from kvscope.engine.errors import KvscopeError
 from kvscope.engine.events import (

@@ -58,7 +58,7 @@ class RunInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class Progress:
+class LatestStep:
     """Where a run stands, for followers polling the database."""
 
     step: int | None  # latest recorded step summary, None before the first
@@ -74,6 +74,47 @@ class Comparison:
     config_diff: dict[str, list[Any]]  # config keys whose values differ, one value per run
 
 
+@dataclass(frozen=True, slots=True)
+class WriterLiveness:
+    """Whether the writer of a run left 'running' is still there: the one rule readers
+    (is the run incomplete?) and a watch started again (may it take the run over?)
+    both decide by."""
+
+    fresh: bool  # its heartbeat is at most HEARTBEAT_STALE_S old
+    process: bool | None  # its process exists; None: on another host, or not recorded
+
+    @property
+    def gone(self) -> bool:
+        """As readers report it: a stale heartbeat, or a process no longer there."""
+        return not self.fresh or self.process is False
+
+    @property
+    def certainly_gone(self) -> bool:
+        """Nothing can write the run any more: its heartbeat is stale and no process of
+        it is seen (a slow writer whose process lives is not taken over)."""
+        return not self.fresh and not self.process
+
+
+def writer_liveness(
+    heartbeat: float | None,
+    writer_pid: int | None,
+    writer_host: str | None,
+    now: float | None = None,
+) -> WriterLiveness:
+    now = time.time() if now is None else now
+    fresh = heartbeat is not None and now - heartbeat <= HEARTBEAT_STALE_S
+    process = None
+    if writer_pid is not None and writer_host == socket.gethostname():
+        try:
+            os.kill(writer_pid, 0)
+            process = True
+        except ProcessLookupError:
+            process = False
+        except PermissionError:
+            process = True  # alive, owned by another user
+    return WriterLiveness(fresh, process)
+
+
 def resolve_status(
     status: str,
     heartbeat: float | None,
@@ -81,24 +122,10 @@ def resolve_status(
     writer_host: str | None,
     now: float | None = None,
 ) -> str:
-    """The status readers report: a stored 'running' whose writer is gone is 'incomplete'.
-
-    The writer is gone when its heartbeat is older than HEARTBEAT_STALE_S (or
-    missing), or when it ran on this host and its process no longer exists.
-    """
+    """The status readers report: a stored 'running' whose writer is gone is 'incomplete'."""
     if status != RUNNING:
         return status
-    now = time.time() if now is None else now
-    if heartbeat is None or now - heartbeat > HEARTBEAT_STALE_S:
-        return INCOMPLETE
-    if writer_pid is not None and writer_host == socket.gethostname():
-        try:
-            os.kill(writer_pid, 0)
-        except ProcessLookupError:
-            return INCOMPLETE
-        except PermissionError:
-            pass  # alive, owned by another user
-    return status
+    return INCOMPLETE if writer_liveness(heartbeat, writer_pid, writer_host, now).gone else status
 
 
 _RUN_COLUMNS = """
@@ -171,7 +198,7 @@ def choose_run(source: Source, run_id: int | None) -> int:
     return run_id
 
 
-def latest_step(source: Source, run_id: int) -> Progress:
+def latest_step(source: Source, run_id: int) -> LatestStep:
     """The latest recorded step and the run's status: cheap enough to poll every second."""
     with connection(source) as conn:
         start_ns = run_origin(conn, run_id)
@@ -183,7 +210,7 @@ def latest_step(source: Source, run_id: int) -> Progress:
         row = conn.execute(
             "SELECT step, ts_ns FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1", (run_id,)
         ).fetchone()
-    return Progress(
+    return LatestStep(
         step=row[0] if row else None,
         t_s=(row[1] - start_ns) / 1e9 if row else None,
         status=resolve_status(status, heartbeat, pid, host),

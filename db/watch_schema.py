@@ -51,6 +51,11 @@ INCIDENT_COLUMNS = (
     "detail",
 )
 METRIC_COLUMNS = ("source", "ts_ns", "name", "labels", "value")
+# The recorder's own samples in watch_metrics, under a source index no engine has:
+# its queue of batches not yet written and how far the writing lags behind.
+PRESSURE_SOURCE = -1
+QUEUE_METRIC = "kvscope:watch_queue_batches"
+LAG_METRIC = "kvscope:watch_lag_seconds"
 # Counters of a source, refreshed by the writer on every flush.
 SOURCE_COUNTERS = (
     "block_size",

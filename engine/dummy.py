@@ -20,7 +20,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from kvscope.engine.errors import ModelLoadError
-from kvscope.engine.loader import LoadedModel
+from kvscope.engine.loaded_model import LoadedModel
 from kvscope.engine.model_config import ModelConfig
 from kvscope.engine.presets import model_preset
 from kvscope.engine.tokenizer import TextCodec

@@ -34,16 +34,14 @@ from kvscope.engine.events import (
     StepSummary,
     now_ns,
 )
-from kvscope.engine.eviction import make_policy
 from kvscope.engine.host_tier import HostTier
 from kvscope.engine.infllm import InfLLMMemory
-from kvscope.engine.kv_manager import KVCacheManager
+from kvscope.engine.kv_stack import build_kv_stack
 from kvscope.engine.kv_storage import KVStorage
 from kvscope.engine.loader import LoadedModel, load_model
 from kvscope.engine.memory_budget import kv_budget_from_terms, measure_budget, predicted_kv_bytes
 from kvscope.engine.model import DecoderModel
 from kvscope.engine.presets import device_preset
-from kvscope.engine.radix_cache import RadixCache
 from kvscope.engine.request import Request, Status
 from kvscope.engine.runner import ModelRunner
 from kvscope.engine.sampler import SampledTokens, SamplingParams
@@ -179,7 +177,6 @@ class Engine:
         page_bytes = self.bytes_per_token * config.page_size
         num_pages = pool_pages(self.kv_budget_bytes, self.bytes_per_token, config.page_size)
         self.num_pages = num_pages
-        self.kv = KVCacheManager(num_pages, config.page_size, self.bus)
         self.backend = resolve_attention_backend(config)
         # CUDA graphs replay decode steps on CUDA with the Triton kernels (see cuda_graphs);
         # InfLLM picks each layer's pages per step on the host, so it stays eager. Padded
@@ -208,22 +205,22 @@ class Engine:
             self.cost_device.pcie_gbps,
             self.cost_device.fp16_tflops,
         )
-        if (
-            self.config.offload != "never"
-            or self.config.preemption == "swap"
-            or self.config.attention_mode == "infllm"
-        ):
-            slots = max(1, int(self.config.host_budget_bytes // page_bytes))
-            self.kv.host = HostTier(self.storage.tensors, slots)
+        needs_host = (
+            config.offload != "never"
+            or config.preemption == "swap"
+            or config.attention_mode == "infllm"
+        )
+        slots = max(1, int(config.host_budget_bytes // page_bytes))
         # InfLLM moves a request's distant pages to the host tier, so they cannot be shared.
-        if self.config.prefix_cache and self.config.attention_mode == "full":
-            self.kv.prefix = RadixCache(
-                self.kv.pool,
-                self.bus,
-                make_policy(self.config.eviction_policy),
-                self.kv.host,
-                should_offload=self._should_offload,
-            )
+        self.kv = build_kv_stack(
+            num_pages,
+            config.page_size,
+            self.bus,
+            host=(lambda: HostTier(self.storage.tensors, slots)) if needs_host else None,
+            prefix_cache=config.prefix_cache and config.attention_mode == "full",
+            eviction_policy=config.eviction_policy,
+            should_offload=self._should_offload,
+        )
         self.runner = ModelRunner(
             self.model, self.storage, self.backend, config.device, kernel_sink=self._on_kernel
         )

@@ -47,14 +47,17 @@ class OffloadingMemory(Protocol):
 
 
 class KVCacheManager:
-    def __init__(self, num_pages: int, page_size: int, bus: EventBus) -> None:
-        self.pool = PagePool(num_pages, page_size)
-        self.page_size = page_size
+    def __init__(self, pool: PagePool, bus: EventBus, *, prefix: PrefixCache | None = None,
+                 host: HostTier | None = None) -> None:  # fmt: skip
+        """Built by ``engine.kv_stack.build_kv_stack``, which makes the pool, the host tier
+        and the prefix cache for it."""
+        self.pool = pool
+        self.page_size = pool.page_size
         self.bus = bus
         self.step = 0
         self.holders: dict[int, Request] = {}
-        self.prefix: PrefixCache | None = None
-        self.host: HostTier | None = None
+        self.prefix = prefix
+        self.host = host
         self.swapped: dict[int, Request] = {}
         self.infllm: OffloadingMemory | None = None  # set by the engine in infllm attention mode
         # Prefix-cache accounting in tokens, counted once per request, at its first admission

@@ -14,24 +14,14 @@ import hashlib
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from kvscope.engine.errors import ModelLoadError
+from kvscope.engine.loaded_model import LoadedModel
 from kvscope.engine.model_config import ModelConfig
 from kvscope.engine.tokenizer import TextCodec
 
 CACHE_VERSION = 1
-
-
-@dataclass
-class LoadedModel:
-    config: ModelConfig
-    weights: dict[str, torch.Tensor]
-    codec: TextCodec
-    source: str
 
 
 def default_model_path() -> Path:
@@ -171,7 +161,7 @@ def read_config(path: str | Path | None = None, load_format: str = "auto") -> Mo
     """
     global _peeked
     if load_format == "dummy":
-        from kvscope.engine.dummy import dummy_config  # engine.dummy imports this module
+        from kvscope.engine.dummy import dummy_config  # torch-heavy: only for dummy loads
 
         return dummy_config(None if path is None else str(path))
     p = _model_path(path)

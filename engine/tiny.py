@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from kvscope.engine.engine import Engine
 from kvscope.engine.engine_config import EngineConfig
 from kvscope.engine.events import EventBus
-from kvscope.engine.loader import LoadedModel
+from kvscope.engine.loaded_model import LoadedModel
 from kvscope.engine.model_config import ModelConfig
 from kvscope.engine.tokenizer import TextCodec
 

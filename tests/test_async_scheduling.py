@@ -24,9 +24,9 @@ from kvscope.engine.engine_config import EngineConfig
 from kvscope.engine.errors import KvscopeError
 from kvscope.engine.events import EventBus
 from kvscope.engine.request import Request
-from kvscope.engine.runner import DecodeTable, _decode_rows
 from kvscope.engine.sampler import SampledTokens, SamplingParams
 from kvscope.engine.scheduler import Scheduler
+from kvscope.engine.step_rows import DecodeTable, decode_rows
 from kvscope.engine.tiny import BYTES_PER_TOKEN, VOCAB, shared_tiny, tiny_engine
 
 from support.page_probe import (
@@ -187,8 +187,8 @@ def test_incremental_page_table_equals_a_rebuilt_one():
     kept = DecodeTable()
 
     def same_as_fresh() -> None:
-        got = _decode_rows(reqs, ps, True, kept)
-        fresh = _decode_rows(reqs, ps, True)
+        got = decode_rows(reqs, ps, True, kept)
+        fresh = decode_rows(reqs, ps, True)
         assert np.array_equal(got.flat, fresh.flat) and np.array_equal(got.indptr, fresh.indptr)
         assert got.slots == fresh.slots
 

@@ -10,8 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kvscope.db.checkpointer import Checkpointer
+from kvscope.db.watch_batch import WatchBatch
 from kvscope.db.watch_schema import OP_STORED
-from kvscope.db.watch_writer import WatchBatch, WatchWriter
+from kvscope.profiler.watch.writer import WatchWriter
 
 from support.watch_helpers import new_watch_run, wait_until
 

@@ -26,7 +26,7 @@ from kvscope.engine.events import GpuSample, KernelTiming, StepSummary
 def test_new_database_is_wal_current_and_marked(tmp_path: Path) -> None:
     db = open_db(tmp_path / "k.db")
     assert db.journal_mode == "wal"
-    assert schema_version(db) == SCHEMA_VERSION == 9
+    assert schema_version(db) == SCHEMA_VERSION == 10
     assert db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
     assert db.execute("PRAGMA synchronous").fetchone()[0] == 1  # normal
     db.conn.close()

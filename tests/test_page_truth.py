@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvscope.db.page_replay import step_pages
 from kvscope.db.page_states import STATE_CACHED, STATE_SHARED
-from kvscope.db.pages import step_pages
 from kvscope.engine.engine import Engine
 from kvscope.engine.tiny import VOCAB, tiny_engine, tiny_loaded
 from kvscope.profiler.recorder import Recorder

@@ -11,8 +11,8 @@ from kvscope.app.dashboard.figures import page_state_heatmap
 from kvscope.app.tui.data import RunReader
 from kvscope.app.tui.legend import legend_text
 from kvscope.app.tui.page_grid import PageGrid, plan_grid
+from kvscope.db.page_replay import page_state_matrix
 from kvscope.db.page_states import STATE_SHARED
-from kvscope.db.pages import page_state_matrix
 from kvscope.engine.tiny import tiny_engine
 
 from support.page_probe import record_probed, shared_prefix_arrivals

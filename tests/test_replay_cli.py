@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.app.commands.replay import RecordSession
+from kvscope.app.replay.session import RecordSession
 from kvscope.engine.replay import ReplayConfig, read_replay_trace
 from kvscope.engine.replay.sweep import run_sweep
 

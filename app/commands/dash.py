@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvscope.app.db_argument import add_db_argument, db_path
+from kvscope.app.db_argument import add_db_argument, viewed_db_path
 from kvscope.app.sizing_args import port, positive
 
 
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvscope.app.dashboard.server import Server, create_app
 
-    path = db_path(args)
+    path = viewed_db_path(args)
     server = Server(create_app(path, refresh_ms=int(args.refresh * 1000)), args.host, args.port)
     print(f"kvscope dash: {path} at {server.url} (Ctrl+C to stop)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1"):

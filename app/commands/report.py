@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvscope.app.db_argument import add_db_argument, db_path, run_id
+from kvscope.app.db_argument import add_db_argument, db_path, run_id, viewed_db_path
 from kvscope.engine.errors import KvscopeError
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from kvscope.app.report.tables import json_document, write_csv, write_json
     from kvscope.db.queries import choose_run, reader, run_info
 
-    with reader(db_path(args)) as db:
+    with reader(viewed_db_path(args)) as db:
         run_id = choose_run(db, args.run)
         _check_kind(run_info(db, run_id).kind, run_id, args.format)
         if args.format == "json" and args.output is None:

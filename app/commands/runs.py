@@ -11,7 +11,7 @@ import dataclasses
 import json
 import time
 
-from kvscope.app.db_argument import add_db_argument, db_path
+from kvscope.app.db_argument import add_db_argument, viewed_db_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvscope.db.queries import list_runs  # the read layer: sqlite_utils, numpy
 
-    path = db_path(args)
+    path = viewed_db_path(args)
     runs = list_runs(path)
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in runs], indent=1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvscope.app.db_argument import add_db_argument, db_path, run_id
+from kvscope.app.db_argument import add_db_argument, run_id, viewed_db_path
 from kvscope.engine.errors import KvscopeError
 
 
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from kvscope.app.tui import run_tui
     from kvscope.app.tui.data import check_database
 
-    path = db_path(args)
+    path = viewed_db_path(args)
     check_database(path, args.run, missing_ok=False, no_runs_ok=args.follow)  # its errors first
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         # Without one, Textual writes escape codes into a file and waits for keys forever.

@@ -34,7 +34,7 @@ from kvscope.app.dashboard import (
 from kvscope.db import queries
 from kvscope.db.infllm import retrievals
 from kvscope.db.memory_budget import budget_title, measured_budget
-from kvscope.db.pages import page_state_matrix
+from kvscope.db.page_replay import page_state_matrix
 from kvscope.db.queries import (
     RunInfo,
     compare_runs,

@@ -18,8 +18,8 @@ from plotly.subplots import make_subplots
 from kvscope.db.events import EventCounts
 from kvscope.db.kernels import DevicePeaks, TransferCost
 from kvscope.db.memory_budget import MeasuredBudget, budget_terms
+from kvscope.db.page_replay import PageStateMatrix
 from kvscope.db.page_states import STATE_PRIVATE, STATE_SHARED, STATES
-from kvscope.db.pages import PageStateMatrix
 from kvscope.db.queries import GpuPoint, KernelStat, PageMatrix, RunSummary, StepPoint
 from kvscope.db.requests import RequestTrace
 from kvscope.db.series import CachedSources

@@ -1,6 +1,6 @@
 """The dashboard page of a watched vLLM/SGLang deployment (run kind ``watch``).
 
-Pure figure and table builders over ``db.watch_queries`` results (unit-tested
+Pure figure and table builders over ``db.watch_read`` results (unit-tested
 without a browser), ``load`` to run the queries once per refresh (they read
 the recorder's aggregates, so a refresh costs the same at any session
 length), and ``layout`` to assemble the page. Registering it in the dashboard is one page
@@ -12,21 +12,20 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import plotly.graph_objects as go
 from dash import dash_table, dcc, html, no_update
 from plotly.subplots import make_subplots
 
 from kvscope.app.dashboard.figures import TABLE_STYLE
-from kvscope.db import watch_queries as q
+from kvscope.db import watch_read as q
 from kvscope.db.source import reader
+from kvscope.db.watch_snapshot import WatchSnapshot, watch_snapshot
 
 PAGE = ("watch", "Watched deployment", "/watch")
 TIME_AXIS = "time since start (s)"
 # A source's lines share its colour; the medium is the line's dash.
 MEDIUM_DASH = {"GPU": "solid", "CPU": "dot", "CPU_PINNED": "dot", "STORAGE": "dash"}
-INCIDENTS_SHOWN = 200
 WINDOW_NAMES = [name for name, _ in q.WINDOWS]
 # What a window changes, and what it cannot: the series keep per-bucket stores,
 # new (prefill) blocks, removals, recomputations, routing misses, both at once and
@@ -401,51 +400,6 @@ def misses_note(misses: Sequence[q.Misses]) -> str:
     return f"In the window{f': {q.SHARES_UNKNOWN}' if unknown else ''}:"
 
 
-@dataclass(frozen=True, slots=True)
-class WatchPageData:
-    sources: list[q.WatchSource]
-    cached_series: list[q.CachedPoint]
-    duplicate_series: list[q.DuplicatePoint]
-    stats: list[q.BlockStats]
-    duplication: list[q.Duplication]
-    prefixes: list[q.SharedPrefix]
-    tree: list[q.TreeSummary]
-    misses: list[q.Misses]
-    miss_series: list[q.MissPoint]
-    histograms: dict[str, list[q.HistogramBin]]
-    engines: list[q.EngineSeries]
-    incidents: list[q.Incident]
-    residency: dict[str, list[q.HistogramBin]] | None = None  # vLLM's sampled ones, from /metrics
-    cache_sources: list[q.CacheSources] = ()
-    queue: list[q.MetricPoint] = ()  # the recorder's own back-pressure
-    lag: list[q.MetricPoint] = ()
-    window: q.Window | None = None  # None: the whole session
-
-
-def load(source: q.Source, run_id: int, window: q.Window | None = None) -> WatchPageData:
-    """Everything the page shows, from the aggregates: the window's buckets and
-    scrapes for what follows it (``WINDOW_SCOPE``), the current state and the
-    session's totals for the rest."""
-    return WatchPageData(
-        q.watch_sources(source, run_id),
-        q.cached_series(source, run_id, window),
-        q.duplicate_series(source, run_id, window),
-        q.block_stats(source, run_id, window),
-        q.duplication(source, run_id),
-        q.prefix_tree(source, run_id),
-        q.tree_summary(source, run_id),
-        q.misses(source, run_id, window),
-        q.miss_series(source, run_id, window),
-        {name: q.histogram(source, run_id, name) for name in HISTOGRAM_TITLES},
-        q.engine_series(source, run_id, window),
-        q.incidents(source, run_id, newest=INCIDENTS_SHOWN, window=window),
-        q.residency(source, run_id),
-        q.cache_sources(source, run_id, window),
-        *q.back_pressure(source, run_id, window),
-        window=window,
-    )
-
-
 def _table(rows: list[dict], table_id: str) -> dash_table.DataTable:
     columns = [{"name": name, "id": name} for name in (rows[0] if rows else {})]
     return dash_table.DataTable(
@@ -453,7 +407,7 @@ def _table(rows: list[dict], table_id: str) -> dash_table.DataTable:
     )
 
 
-def window_line(data: WatchPageData, name: str = "") -> str:
+def window_line(data: WatchSnapshot, name: str = "") -> str:
     """Which window the page shows, and which figures follow it."""
     if data.window is None:
         return "Window: whole session. Zoom a graph's time axis to make its range the window."
@@ -461,7 +415,7 @@ def window_line(data: WatchPageData, name: str = "") -> str:
     return f"Window: {name or 'chosen'} ({q.window_label(data.window)}).{back} {WINDOW_SCOPE}"
 
 
-def layout(data: WatchPageData, window_name: str = "") -> html.Div:
+def layout(data: WatchSnapshot, window_name: str = "") -> html.Div:
     """The page for one watch run (of the window named ``window_name``)."""
     labels = {s.source: s.label for s in data.sources}
     windowed = data.window is not None
@@ -525,18 +479,18 @@ def render(
     source: q.Source, run_id: int, window_name: str | None = None, zoom: dict | None = None
 ) -> html.Div:
     """Query and lay out the page for a zoomed range (``zoom_of``) or else one of
-    ``watch_queries.WINDOWS`` (by name; None or an unknown name: the whole session)."""
+    ``watch_read.WINDOWS`` (by name; None or an unknown name: the whole session)."""
     if zoom:
         window = q.Window(zoom["start_s"], zoom["end_s"])
-        return layout(load(source, run_id, window), ZOOMED)
+        return layout(watch_snapshot(source, run_id, window), ZOOMED)
     name, window = q.named_window(source, run_id, window_name)
-    return layout(load(source, run_id, window), name)
+    return layout(watch_snapshot(source, run_id, window), name)
 
 
 class Renderer:
     """What the dashboard's watch callback calls: at most one render at a time (a
     browser's overlapping refreshes wait for it and then share it), and none when
-    nothing was written since the last one (``watch_queries.version``) and the
+    nothing was written since the last one (``watch_read.version``) and the
     window is the same."""
 
     def __init__(self, db_path: str | os.PathLike[str]) -> None:

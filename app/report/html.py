@@ -22,7 +22,7 @@ from kvscope.app.dashboard.server import ASSETS
 from kvscope.db import queries
 from kvscope.db.memory_budget import budget_title, measured_budget
 from kvscope.db.miss_reasons import run_miss_reasons
-from kvscope.db.pages import page_state_matrix
+from kvscope.db.page_replay import page_state_matrix
 from kvscope.db.queries import (
     gpu_series,
     kernel_stats,
@@ -31,6 +31,7 @@ from kvscope.db.queries import (
     run_summary,
     step_series,
 )
+from kvscope.db.watch_snapshot import WatchSnapshot, watch_snapshot
 
 # What a report page can show at print resolution, whatever the run's length.
 MAX_POINTS = 600
@@ -73,10 +74,10 @@ def report_figures(db: Database, run_id: int) -> list[tuple[go.Figure, bool]]:
 
 
 def watch_figures(
-    db: Database, run_id: int, data: watch_page.WatchPageData | None = None
+    db: Database, run_id: int, data: WatchSnapshot | None = None
 ) -> list[tuple[go.Figure, bool]]:
     """A watch run's charts: cached blocks, misses, residency, duplication, /metrics."""
-    data = data or watch_page.load(db, run_id)
+    data = data or watch_snapshot(db, run_id)
     labels = {s.source: s.label for s in data.sources}
     return [
         (watch_page.cached_blocks_figure(data.cached_series, labels), True),
@@ -93,8 +94,8 @@ def watch_figures(
     ]
 
 
-def _watch_tables(db: Database, run_id: int, data: watch_page.WatchPageData | None = None) -> str:
-    data = data or watch_page.load(db, run_id)
+def _watch_tables(db: Database, run_id: int, data: WatchSnapshot | None = None) -> str:
+    data = data or watch_snapshot(db, run_id)
     tables = (
         ("Sources", watch_page.source_rows(data.sources)),
         ("Blocks per source", watch_page.block_rows(data.stats)),
@@ -153,7 +154,7 @@ def build_html(db: Database, run_id: int) -> str:
     """The report page for one run, as a string."""
     info = run_info(db, run_id)
     watched = info.kind == "watch"
-    data = watch_page.load(db, run_id) if watched else None  # queried once for both parts
+    data = watch_snapshot(db, run_id) if watched else None  # queried once for both parts
     started = dt.datetime.fromtimestamp(info.started_at, dt.timezone.utc)
     charts = "".join(
         f'<div class="card{" wide" if wide else ""}">'

@@ -20,7 +20,7 @@ from typing import Any
 from sqlite_utils import Database
 
 from kvscope.db import queries
-from kvscope.db import watch_queries as wq
+from kvscope.db import watch_read as wq
 from kvscope.db.formulas import KernelStat, RunSummary
 from kvscope.db.queries import RequestRow, kernel_stats, requests_table, run_info, run_summary
 

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# ``kvscope run``'s engine workload: runs until done or until the event is set.
-Job = Callable[[threading.Event], "dict[str, Any] | None"]
+from kvscope.app.tui.job import Job
 
 
 def run_tui(

@@ -27,10 +27,11 @@ from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
 
-from kvscope.app.tui import Job, fmt
+from kvscope.app.tui import fmt
 from kvscope.app.tui.cpu_budget import LIVE_DUTY, REPLAY_DUTY, CpuBudget
 from kvscope.app.tui.data import RunReader, View
 from kvscope.app.tui.help_screen import HelpScreen
+from kvscope.app.tui.job import Job
 from kvscope.app.tui.keys import BINDINGS
 from kvscope.app.tui.legend import Legend, legend_text
 from kvscope.app.tui.page_grid import PageGrid

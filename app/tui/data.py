@@ -21,8 +21,9 @@ from kvscope.db.events import CHURN_KINDS, Counters, counters, events_per_bucket
 from kvscope.db.formulas import KernelStat
 from kvscope.db.infllm import Retrieval, has_retrievals, retrievals
 from kvscope.db.memory_budget import MeasuredBudget, measured_budget
+from kvscope.db.page_replay import owners_at, step_pages, tree_pages
 from kvscope.db.page_states import StepPages
-from kvscope.db.pages import PageSnapshot, owners_at, page_map_at, step_pages, tree_pages
+from kvscope.db.pages import PageSnapshot, page_map_at
 from kvscope.db.requests import RequestState, requests_at
 from kvscope.db.runs import RunInfo, newest_run, run_info
 from kvscope.db.series import GpuPoint, StepPoint, StepRow, StepTimes, step_row, step_times

@@ -1,9 +1,9 @@
 """The terminal view of a watched vLLM/SGLang deployment (run kind ``watch``).
 
-Pure renderers over ``db.watch_queries`` results (tested without a terminal)
+Pure renderers over ``db.watch_read`` results (tested without a terminal)
 and one widget, ``WatchView``, that re-queries the database on a timer in a
 worker thread (one at a time, and only when something was written or the
-window changed: ``w`` cycles ``watch_queries.WINDOWS``) and repaints. The
+window changed: ``w`` cycles ``watch_read.WINDOWS``) and repaints. The
 queries read the recorder's aggregates, so a refresh costs the same an hour
 into a busy fleet as in its first minute. Registering it in the TUI is
 mounting ``WatchView(db_path, run_id)`` when the selected run's kind is
@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -24,7 +23,8 @@ from textual import work
 from textual.binding import Binding
 from textual.widgets import Static
 
-from kvscope.db import watch_queries as q
+from kvscope.db import watch_read as q
+from kvscope.db.watch_snapshot import WatchSnapshot, watch_snapshot
 
 REFRESH_S = 1.0
 
@@ -179,32 +179,11 @@ def misses_text(misses: Sequence[q.Misses], scope: str = "") -> Text:
     return text
 
 
-@dataclass(frozen=True, slots=True)
-class WatchSnapshot:
-    sources: list[q.WatchSource]
-    stats: list[q.BlockStats]
-    duplication: list[q.Duplication]
-    prefixes: list[q.SharedPrefix]
-    incidents: list[q.Incident]
-    misses: list[q.Misses]
-    window_name: str = q.WINDOWS[0][0]
-    window: q.Window | None = None  # None: the whole session
-
-
 def snapshot(source: q.Source, run_id: int, window_name: str | None = None) -> WatchSnapshot:
-    """What the view shows for one of ``watch_queries.WINDOWS`` (by name; None:
-    the whole session), from the recorder's aggregates (no raw events read)."""
+    """What the view shows for one of ``watch_read.WINDOWS`` (by name; None: the
+    whole session): the views' one snapshot (``db.watch_snapshot``)."""
     name, window = q.named_window(source, run_id, window_name)
-    return WatchSnapshot(
-        q.watch_sources(source, run_id),
-        q.block_stats(source, run_id, window),
-        q.duplication(source, run_id),
-        q.prefix_tree(source, run_id, top=5),
-        q.incidents(source, run_id, newest=8, window=window),
-        q.misses(source, run_id, window),
-        name,
-        window,
-    )
+    return watch_snapshot(source, run_id, window, name)
 
 
 def render(snap: WatchSnapshot) -> RenderableType:
@@ -216,7 +195,7 @@ def render(snap: WatchSnapshot) -> RenderableType:
         blocks_table(snap.stats, windowed),
         misses_text(snap.misses, "in the window" if windowed else ""),
         fleet_text(snap.duplication, snap.prefixes),
-        incidents_text(snap.incidents),
+        incidents_text(snap.incidents),  # the newest 8
     )
 
 
@@ -224,9 +203,9 @@ class WatchView(Static):
     """A watch run, refreshed every ``REFRESH_S`` from the database.
 
     One refresh at a time: a tick that finds the previous one still running is
-    skipped, and one that finds nothing new (``watch_queries.version``, the
+    skipped, and one that finds nothing new (``watch_read.version``, the
     same window) costs one small query and no repaint. ``w`` shows the next of
-    ``watch_queries.WINDOWS``; the view takes the focus so that its key works.
+    ``watch_read.WINDOWS``; the view takes the focus so that its key works.
     """
 
     can_focus = True
@@ -239,7 +218,7 @@ class WatchView(Static):
         self.snapshot: WatchSnapshot | None = None  # the one shown
         self.shown_version: tuple | None = None
         self.refreshes = 0  # snapshots taken (what a finished run stops doing)
-        self.window_index = 0  # into watch_queries.WINDOWS
+        self.window_index = 0  # into watch_read.WINDOWS
         self._busy = threading.Lock()
 
     def on_mount(self) -> None:

@@ -72,10 +72,8 @@ from kvscope.engine.events import (
     StepSummary,
     now_ns,
 )
-from kvscope.engine.eviction import make_policy
-from kvscope.engine.kv_manager import KVCacheManager
+from kvscope.engine.kv_stack import build_kv_stack
 from kvscope.engine.presets import device_preset, model_preset
-from kvscope.engine.radix_cache import RadixCache
 from kvscope.engine.replay.config import ReplayConfig, ReplayResult, request_tokens
 from kvscope.engine.replay.host import SlotTier
 from kvscope.engine.replay.timing import Roofline
@@ -149,24 +147,30 @@ class ReplayDriver:
                 raise KvscopeError(
                     f"a capacity of {cfg.capacity_tokens} tokens holds {num_pages} pages of {ps}"
                 )
-        self.kv = kv = KVCacheManager(num_pages, ps, self.bus)
         self.bytes_per_token = cfg.bytes_per_token
         model = model_preset(cfg.model)
         device = device_preset(cfg.device)
         page_bytes = self.bytes_per_token * ps
-        if cfg.offload != "never" or cfg.preemption == "swap":
-            slots = max(1, cfg.host_tokens // ps)
-            kv.host = SlotTier(slots, page_bytes / (device.pcie_gbps * 1e9))
+        slots = max(1, cfg.host_tokens // ps)
         cost = reload_cost(
             model.num_params, self.bytes_per_token, device.pcie_gbps, device.fp16_tflops
         )
         offload = cfg.offload == "always" or (
             cfg.offload == "auto" and cost.recompute_over_load > 1.0
         )
-        self.cache = RadixCache(
-            kv.pool, self.bus, make_policy(cfg.eviction_policy), kv.host, lambda: offload
+        self.kv = kv = build_kv_stack(
+            num_pages,
+            ps,
+            self.bus,
+            host=(
+                (lambda: SlotTier(slots, page_bytes / (device.pcie_gbps * 1e9)))
+                if cfg.offload != "never" or cfg.preemption == "swap"
+                else None
+            ),
+            eviction_policy=cfg.eviction_policy,
+            should_offload=lambda: offload,
         )
-        kv.prefix = self.cache
+        self.cache = kv.prefix
         batch = UNLIMITED_BATCH if self.sequential else cfg.max_batched_tokens
         from kvscope.engine.engine_config import EngineConfig  # the scheduler's knobs only
 

@@ -15,7 +15,6 @@ import itertools
 import json
 import logging
 import os
-import socket
 import sqlite3
 import threading
 import time
@@ -23,20 +22,29 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from kvscope.db.runs import HEARTBEAT_STALE_S, resolve_status
-from kvscope.db.schema import COMPLETE, FAILED, INCOMPLETE, RUNNING
+from kvscope.db.runs import writer_liveness
+from kvscope.db.schema import COMPLETE, FAILED, RUNNING
 from kvscope.db.store import open_db
-from kvscope.db.watch_queries import LAG_METRIC, PRESSURE_SOURCE, QUEUE_METRIC
-from kvscope.db.watch_schema import EVENTS_SOURCE, METRICS_SOURCE, OP_RESET, WATCH_KIND
-from kvscope.db.watch_writer import WatchBatch, WatchWriter
+from kvscope.db.watch_batch import WatchBatch
+from kvscope.db.watch_schema import (
+    EVENTS_SOURCE,
+    LAG_METRIC,
+    METRICS_SOURCE,
+    OP_RESET,
+    PRESSURE_SOURCE,
+    QUEUE_METRIC,
+    WATCH_KIND,
+)
 from kvscope.db.writer import create_run
 from kvscope.engine.errors import KvscopeError
 from kvscope.engine.events import now_ns
 from kvscope.profiler.hardware import describe_versions
+from kvscope.profiler.watch.incident import IncidentNote
 from kvscope.profiler.watch.prom_text import parse_labels
 from kvscope.profiler.watch.rows import SourceAttrs, batch_rows
 from kvscope.profiler.watch.subscriber import Stream
 from kvscope.profiler.watch.wire import EventBatch
+from kvscope.profiler.watch.writer import WatchWriter
 from kvscope.profiler.watch.writer_process import WriterProcess
 
 log = logging.getLogger(__name__)
@@ -62,8 +70,11 @@ def _resumable(db: Any, config: Mapping[str, Any]) -> tuple[int, float, int] | N
             continue
         if old.get("sources") != list(sources) or old.get("engine") != config.get("engine"):
             continue
-        if status == RUNNING and not _writer_gone(heartbeat, pid, host):
-            return None  # another watch is writing it: do not write over it
+        if status == RUNNING and not writer_liveness(heartbeat, pid, host).certainly_gone:
+            # Another watch may be writing it: do not write over it. A watch killed with
+            # its writer process (kill -9 of the group, the OOM killer, a reboot) leaves
+            # its run 'running'; once nothing can write it, it is continued.
+            return None
         trimmed = db.execute(
             "SELECT raw_trimmed_before FROM watch_agg_state WHERE run_id = ?", (run_id,)
         ).fetchone()
@@ -71,22 +82,6 @@ def _resumable(db: Any, config: Mapping[str, Any]) -> tuple[int, float, int] | N
             return None  # --keep-raw: its cache state cannot be rebuilt; a new run
         return run_id, started_at, start_ns
     return None
-
-
-def _writer_gone(heartbeat: float | None, pid: int | None, host: str | None) -> bool:
-    """Whether a run left 'running' can be taken over: nothing can write it any more.
-
-    A watch killed with its writer process (kill -9 of the group, the OOM killer, a
-    reboot) leaves its run 'running', and a watch started again had begun a new run
-    from an empty cache. Gone: its heartbeat older than HEARTBEAT_STALE_S (a writer
-    process that outlived its watching process marks the run failed within
-    milliseconds, so it is not racing us) and, on this host, its watching process
-    no longer there (a live idle watch refreshes its heartbeat every flush)."""
-    if heartbeat is not None and time.time() - heartbeat <= HEARTBEAT_STALE_S:
-        return False
-    if pid is not None and host == socket.gethostname():
-        return resolve_status(RUNNING, time.time(), pid, host) == INCOMPLETE
-    return True
 
 
 class WatchRecorder:
@@ -270,10 +265,10 @@ class WatchRecorder:
                 setattr(stream, name, stored[name] or 0)
             attrs.block_size = stored["block_size"]
             attrs.block_events = stored["block_events"] or 0
-            self.add_incident(
-                stream.index, "resumed", stored["last_seq"], None,
+            self.add_incident(stream.index, IncidentNote(
+                "resumed", stored["last_seq"], None,
                 detail="watch started again: continuing after the last recorded batch",
-            )  # fmt: skip
+            ))  # fmt: skip
             return
         self._new_sources.append(
             (
@@ -308,37 +303,19 @@ class WatchRecorder:
         if len(self._batches) >= self._wake_at and not self._wake.is_set():
             self._wake.set()
 
-    def on_incident(
-        self,
-        stream: Stream,
-        kind: str,
-        first_seq: int | None = None,
-        last_seq: int | None = None,
-        recovered: int = 0,
-        lost: int = 0,
-        detail: str | None = None,
-    ) -> None:
-        self.add_incident(stream.index, kind, first_seq, last_seq, recovered, lost, detail)
+    def on_incident(self, stream: Stream, incident: IncidentNote) -> None:
+        self.add_incident(stream.index, incident)
 
     def on_restart(self, stream: Stream, last_seq: int | None, seq: int, ts: float) -> None:
-        self.add_incident(stream.index, "restart", last_seq, seq, detail="sequence went backwards")
+        self.add_incident(
+            stream.index, IncidentNote("restart", last_seq, seq, detail="sequence went backwards")
+        )
         self._batches.append((stream.index, None, ts))
 
-    def add_incident(
-        self,
-        source: int,
-        kind: str,
-        first_seq: int | None = None,
-        last_seq: int | None = None,
-        recovered: int = 0,
-        lost: int = 0,
-        detail: str | None = None,
-    ) -> None:
-        if kind == "bad_message":
-            self.last_bad_message = detail or "undecodable"
-        self._incidents.append(
-            (source, self.clock_ns(), kind, first_seq, last_seq, recovered, lost, detail)
-        )
+    def add_incident(self, source: int, incident: IncidentNote) -> None:
+        if incident.kind == "bad_message":
+            self.last_bad_message = incident.detail or "undecodable"
+        self._incidents.append(incident.row(source, self.clock_ns()))
 
     def on_samples(self, rows: list[tuple]) -> None:
         """One scrape's ``watch_metrics`` rows."""
@@ -473,7 +450,8 @@ class WatchRecorder:
         if stream is not None:
             stream.bad_messages += 1
         self.add_incident(
-            index, "bad_message", seq, seq, detail=f"could not record the batch: {exc}"
+            index,
+            IncidentNote("bad_message", seq, seq, detail=f"could not record the batch: {exc}"),
         )
 
     def _child_news(self) -> None:

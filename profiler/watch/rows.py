@@ -242,7 +242,7 @@ def _general_rows(
 def _pack(hashes: Sequence[int]) -> tuple[str, bytes]:
     """A typed event's hashes as handed to the writer: their JSON text (signed, as
     SQLite keeps them) for the row, and for the aggregates native 64-bit ints, which
-    the writer reads back signed as a list (``db.watch_writer.unpack_hashes``): a
+    the writer reads back signed as a list (``db.watch_batch.unpack_hashes``): a
     fraction of marshal's bytes and time for a list of ints (a 2,000-batch
     prefill-like chunk was 7 MB), the writer process being the one that waits. vLLM
     sends them unsigned, SGLang signed (msgpack holds nothing wider). One hash (a

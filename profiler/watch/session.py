@@ -10,6 +10,7 @@ from typing import Any
 
 from kvscope.db.schema import COMPLETE, FAILED
 from kvscope.engine.errors import KvscopeError
+from kvscope.profiler.watch.incident import IncidentNote
 from kvscope.profiler.watch.recorder import WatchRecorder
 from kvscope.profiler.watch.scraper import Scraper
 from kvscope.profiler.watch.sources import SourceSpec
@@ -93,7 +94,7 @@ class WatchSession:
             targets,
             self.recorder.on_samples,
             lambda source, detail: self.recorder.add_incident(
-                source, "scrape_error", detail=detail
+                source, IncidentNote("scrape_error", detail=detail)
             ),
             scrape_interval_s,
             self.recorder.clock_ns,

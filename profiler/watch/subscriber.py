@@ -25,6 +25,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from kvscope.engine.errors import KvscopeError
+from kvscope.profiler.watch.incident import IncidentNote
 from kvscope.profiler.watch.sequence import SequenceTracker, Verdict
 from kvscope.profiler.watch.sources import SourceSpec, offset_endpoint
 from kvscope.profiler.watch.wire import (
@@ -93,16 +94,7 @@ class Sink(Protocol):
     def on_restart(self, stream: Stream, last_seq: int | None, seq: int, ts: float) -> None:
         """The engine behind ``stream`` restarted before its batch stamped ``ts``."""
 
-    def on_incident(
-        self,
-        stream: Stream,
-        kind: str,
-        first_seq: int | None = None,
-        last_seq: int | None = None,
-        recovered: int = 0,
-        lost: int = 0,
-        detail: str | None = None,
-    ) -> None: ...
+    def on_incident(self, stream: Stream, incident: IncidentNote) -> None: ...
 
 
 @dataclass(slots=True)
@@ -247,10 +239,14 @@ class Subscriber:
         stream = sock.base
         if kind == zmq.EVENT_DISCONNECTED:
             stream.disconnects += 1
-            self._sink.on_incident(stream, "disconnected", detail=_text(event["endpoint"]))
+            self._sink.on_incident(
+                stream, IncidentNote("disconnected", detail=_text(event["endpoint"]))
+            )
         else:
             stream.connects += 1
-            self._sink.on_incident(stream, "connected", detail=_text(event["endpoint"]))
+            self._sink.on_incident(
+                stream, IncidentNote("connected", detail=_text(event["endpoint"]))
+            )
 
     def _stream_for(self, sock: _Socket, topic: bytes, batch: EventBatch) -> Stream:
         """The stream of a message: engines pushing to one listening socket are told
@@ -270,7 +266,7 @@ class Subscriber:
             message = parse_live(frames)
         except KvscopeError as exc:
             base.bad_messages += 1
-            self._sink.on_incident(base, "bad_message", detail=str(exc))
+            self._sink.on_incident(base, IncidentNote("bad_message", detail=str(exc)))
             return
         batch = _decode(message.payload)
         # An undecodable batch still takes its place in the sequence: it arrived.
@@ -304,7 +300,7 @@ class Subscriber:
         stream.tracker.accept(seq)
         if isinstance(batch, str):
             stream.bad_messages += 1
-            self._sink.on_incident(stream, "bad_message", seq, seq, detail=batch)
+            self._sink.on_incident(stream, IncidentNote("bad_message", seq, seq, detail=batch))
             return
         stream.batches += 1
         stream.events += len(batch.events)
@@ -410,7 +406,9 @@ class Subscriber:
             detail = job.detail or (None if got == wanted else "replay buffer no longer holds them")
             stream.recovered_batches += got
             stream.lost_batches += wanted - got
-            self._sink.on_incident(stream, "gap", job.first, job.end - 1, got, wanted - got, detail)
+            self._sink.on_incident(
+                stream, IncidentNote("gap", job.first, job.end - 1, got, wanted - got, detail)
+            )
             # The batch that showed the gap is next now, whatever came back; those
             # behind it take their turn in order (and may show another gap).
             (seq, batch), *behind = job.pending

@@ -1,6 +1,6 @@
 """The watch's SQLite writer and aggregates in a process of their own.
 
-Decoding the streams and folding them into the aggregates (``db.watch_aggregates``)
+Decoding the streams and folding them into the aggregates (``profiler.watch.fold``)
 are both Python work: in one process they share one GIL, and the writer's share
 (rows, SQLite inserts, folding) had held ``kvscope watch`` to a fraction of what
 two cores can take (issue 23). Here the watching process keeps the sockets,
@@ -41,7 +41,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from kvscope.db.schema import FAILED
-from kvscope.db.watch_writer import WatchBatch
+from kvscope.db.watch_batch import WatchBatch
 from kvscope.engine.errors import KvscopeError
 from kvscope.profiler.watch.handover import INLINE_MAX, SlotReader, SlotWriter
 
@@ -249,7 +249,7 @@ def _serve_until_finished(
     db_path: str, run_id: int, rows_written: int, freeze_gc: bool, pipe: Connection
 ) -> None:
     from kvscope.db.store import open_db
-    from kvscope.db.watch_writer import WatchWriter
+    from kvscope.profiler.watch.writer import WatchWriter
 
     # The watching process decides when to stop: Ctrl-C, or a supervisor's SIGTERM to
     # the whole group, reaches this child too, which then writes what it is handed.

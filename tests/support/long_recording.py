@@ -15,8 +15,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvscope.db.watch_batch import WatchBatch
 from kvscope.db.watch_schema import OP_REMOVED, OP_STORED
-from kvscope.db.watch_writer import WatchBatch, WatchWriter
+from kvscope.profiler.watch.writer import WatchWriter
 
 from support.watch_helpers import new_watch_run
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvscope.db.page_replay import step_pages
 from kvscope.db.page_states import StepPages, step_pages_from
-from kvscope.db.pages import step_pages
 from kvscope.db.source import connection
 from kvscope.engine.engine import Engine
 from kvscope.engine.events import EventBus

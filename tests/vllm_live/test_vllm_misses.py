@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.db import watch_queries as q
+from kvscope.db import watch_read as q
 from kvscope.profiler.watch.session import WatchSession
 from kvscope.profiler.watch.sources import SourceSpec, expand_sources
 from kvscope.profiler.watch.wire import BLOCK_REMOVED, BLOCK_STORED

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from kvscope.db.watch_batch import WatchBatch
 from kvscope.db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
-from kvscope.db.watch_writer import WatchBatch, WatchWriter
 from kvscope.profiler.watch.publisher import EventPublisher
+from kvscope.profiler.watch.writer import WatchWriter
 
 from support.watch_helpers import A, B, C, D, E, S, new_watch_run
 

@@ -13,13 +13,18 @@ import pytest
 
 from kvscope.app.dashboard import watch_page
 from kvscope.app.tui.watch_view import WatchView, misses_text
-from kvscope.db import hashmap
-from kvscope.db import watch_aggregates as agg
-from kvscope.db import watch_queries as q
+from kvscope.db import watch_read as q
 from kvscope.db.store import open_db
+from kvscope.db.watch_aggregates import bin_of, stale_runs
+from kvscope.db.watch_batch import WatchBatch
 from kvscope.db.watch_schema import OP_CLEARED, OP_REMOVED, OP_STORED
-from kvscope.db.watch_writer import WatchBatch, WatchWriter
+from kvscope.db.watch_snapshot import watch_snapshot
 from kvscope.engine.errors import KvscopeError
+from kvscope.profiler.watch.fold import fold as fold_module
+from kvscope.profiler.watch.fold import fold_run, refold_stale, removal_memory
+from kvscope.profiler.watch.fold.fold import WatchFold
+from kvscope.profiler.watch.fold.prefix_tree import Chain, Node
+from kvscope.profiler.watch.writer import WatchWriter
 
 from support import long_recording
 from support.watch_helpers import S, new_watch_run
@@ -196,25 +201,21 @@ def _random_fleet(seed: int, n: int = 3000) -> list[tuple]:
     return rows
 
 
-@pytest.mark.parametrize("maps", ["compiled", "dicts"])
 @pytest.mark.parametrize("fleet", ["_random_fleet", "_usual_fleet"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_aggregates_equal_the_definitions_on_a_random_fleet(
-    tmp_path: Path, fleet: str, seed: int, maps: str, monkeypatch
+    tmp_path: Path, fleet: str, seed: int
 ) -> None:
     """Two random fleets: any event on few hashes and two media (the fold's block-by-block
     paths), and GPU-only fresh chains, some stored again or on another source (its
-    whole-event paths). Folded with db.hashmap's compiled maps and with its dict
-    fallback (an install without a C compiler): both the definitions."""
-    if maps == "dicts":
-        monkeypatch.setattr(agg, "HashMap", hashmap.DictHashMap)
-        monkeypatch.setattr(agg, "ObjectMap", hashmap.DictObjectMap)
-    elif not hashmap.COMPILED:
-        pytest.skip("kvscope.db._hashmap not built")
+    whole-event paths): the aggregates are the definitions, live, folded again from the
+    raw rows, and refolded after a migration from before the aggregates existed."""
     rows = globals()[fleet](seed)
-    db, writer, run_id = _run(tmp_path / "w.db", sources=4)
+    path = tmp_path / "w.db"
+    db, writer, run_id = _run(path, sources=4)
     for start in range(0, len(rows), 700):
         writer.write(WatchBatch(blocks=rows[start : start + 700]))
+        writer.state.check_integrity()
         # the fleet's duplication after each write: its holders as the rows so far say
         now = _reference(rows[: start + 700])[-1]
         assert db.execute(
@@ -247,8 +248,14 @@ def test_aggregates_equal_the_definitions_on_a_random_fleet(
 
     live = dump()
     with db.atomic():
-        agg.rebuild(db.conn, run_id)
+        fold_run(db.conn, run_id).check_integrity()
     assert dump() == live
+    db.conn.close()
+    _as_version_5(path)
+    db = open_db(path)  # migrated: the run marked stale, its aggregates empty until refolded
+    assert dump() == {t: [] for t in tables}
+    assert refold_stale(db.conn) == [run_id]
+    assert dump() == live and refold_stale(db.conn) == []
     db.conn.close()
 
 
@@ -289,7 +296,7 @@ def test_lifetime_and_idle_histograms_bin_each_source_exactly(tmp_path: Path) ->
     for key, durations in want.items():
         bins: dict[int, int] = defaultdict(int)
         for d in durations:
-            bins[agg.bin_of(d / S)] += 1
+            bins[bin_of(d / S)] += 1
         assert got[key] == dict(bins), key
     db.conn.close()
 
@@ -337,7 +344,7 @@ def test_wider_buckets_are_their_seconds_summed(tmp_path: Path) -> None:
 
 
 def test_evicted_memory_is_bounded_and_forgets_the_oldest(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(agg, "EVICTED_MEMORY", 3)
+    monkeypatch.setattr(removal_memory, "EVICTED_MEMORY", 3)
     db, writer, run_id = _run(tmp_path / "w.db", sources=1)
     rows = [_row(0, 0.0, OP_STORED, [1, 2, 3, 4, 5]), _row(0, 1.0, OP_REMOVED, [1, 2, 3, 4, 5])]
     rows += [_row(0, 2.0, OP_STORED, [1]), _row(0, 2.0, OP_STORED, [5])]
@@ -353,7 +360,7 @@ def test_the_fleet_remembers_its_last_removals_and_counts_those_forgotten(
     """One budget for the whole fleet: past it the oldest removals are forgotten first
     (a re-store of one is new prefill, not recomputation), counted per source; one
     re-stored or removed again since is no longer that removal, and forgets nothing."""
-    monkeypatch.setattr(agg, "EVICTED_MEMORY", 5)
+    monkeypatch.setattr(removal_memory, "EVICTED_MEMORY", 5)
     db, writer, run_id = _run(tmp_path / "w.db", sources=2)
     rows = [_row(0, 0.0, OP_STORED, [1, 2, 3]), _row(1, 0.0, OP_STORED, [11, 12, 13])]
     rows += [
@@ -381,9 +388,9 @@ def test_the_fleet_remembers_its_last_removals_and_counts_those_forgotten(
     assert [(s.recomputed, s.forgotten_removals) for s in shown] == [(2, 2), (3, 1)]
     assert [r["removals forgotten"] for r in watch_page.block_rows(shown)] == [2, 1]
     with db.atomic():
-        state = agg.rebuild(db.conn, run_id)  # the raw rows folded again: the same
+        state = fold_run(db.conn, run_id)  # the raw rows folded again: the same
     assert stats() == [(0, 6, 2, 2), (1, 7, 3, 1)]
-    assert state._remembered == 5  # the bound, stale entries included
+    assert state.memory.remembered == 5  # the bound, stale entries included
     assert state.sources[0].evicted == {1: 6 * S, 3: 6 * S} and not state.sources[1].evicted
     db.conn.close()
 
@@ -396,22 +403,42 @@ def _drop_v8_columns(db) -> None:
     db.execute("ALTER TABLE watch_source_stats DROP COLUMN forgotten_removals")
 
 
-def test_a_migrated_database_gets_its_aggregates(tmp_path: Path) -> None:
-    """A watch recorded before schema 6 (no aggregates) shows the same figures."""
-    path = tmp_path / "old.db"
-    db, writer, run_id = _run(path, sources=2)
-    writer.write(WatchBatch(blocks=[_row(0, 0.0, OP_STORED, [1, 2]), _row(1, 1.0, OP_STORED, [2])]))
-    for table in ("watch_source_stats", "watch_live", "watch_series", "watch_agg_state"):
-        db.execute(f"DELETE FROM {table}")
+def _as_version_5(path: Path) -> None:
+    """The file as schema 5 left it: raw rows, no aggregate tables."""
+    db = open_db(path)
     db.execute("DROP INDEX IF EXISTS watch_blocks_run")
     for table in ("watch_source_stats", "watch_live", "watch_series", "watch_fleet_series",
-                  "watch_fleet", "watch_histograms", "watch_shared_prefixes", "watch_agg_state"):  # fmt: skip
+                  "watch_fleet", "watch_histograms", "watch_shared_prefixes", "watch_agg_state",
+                  "watch_agg_stale"):  # fmt: skip
         db.execute(f"DROP TABLE {table}")
     db.execute("PRAGMA user_version = 5")
     db.conn.commit()
     db.conn.close()
-    stats = q.block_stats(open_db(path), run_id)  # opening migrates, and folds the raw rows
+
+
+def test_a_migrated_database_gets_its_aggregates(tmp_path: Path, capsys) -> None:
+    """A watch recorded before schema 6 (no aggregates): migrating only marks it stale
+    (db/ never folds); the first command that shows the file folds it, saying so, and
+    then it shows the same figures."""
+    from support.cli_runs import run_cli
+
+    path = tmp_path / "old.db"
+    db, writer, run_id = _run(path, sources=2)
+    writer.write(WatchBatch(blocks=[_row(0, 0.0, OP_STORED, [1, 2]), _row(1, 1.0, OP_STORED, [2])]))
+    db.conn.close()
+    _as_version_5(path)
+    db = open_db(path)
+    assert q.block_stats(db, run_id) == [] and stale_runs(db.conn) == [run_id]
+    db.conn.close()
+    code, _, err = run_cli(capsys, "runs", str(path))
+    assert code == 0, err
+    assert f"folding watch run {run_id} again (schema upgrade): 2 block rows" in err
+    db = open_db(path)
+    stats = q.block_stats(db, run_id)
     assert [(s.source, s.new_blocks, s.routing_misses) for s in stats] == [(0, 2, 0), (1, 1, 1)]
+    assert stale_runs(db.conn) == []
+    db.conn.close()
+    assert "folding" not in run_cli(capsys, "runs", str(path))[2]  # once
 
 
 def _as_version_7(path: Path, *, trim_before_s: int | None = None) -> None:
@@ -437,8 +464,9 @@ def test_a_version_7_database_gets_its_windows_shares(tmp_path: Path) -> None:
     before = {s.source: s for s in q.block_stats(path, run_id)}
     _as_version_7(path)
     _as_version_7(trimmed, trim_before_s=600)
-    db = open_db(path)  # migrates to 8 (folding the run again) and 9
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 9
+    db = open_db(path)  # migrates to 8 (marking the run to fold again), 9 and 10
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 10
+    assert refold_stale(db.conn) == [run_id]
     assert {s.source: s for s in q.block_stats(db, run_id)} == before  # the session unchanged
     for lo, hi in [(0, end), (59, 3661), (end - 900, end), (4321, 4400)]:
         window = q.Window(float(lo), float(hi))
@@ -519,14 +547,14 @@ def test_views_never_read_the_raw_events(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     traced: list[str] = []
     conn.set_trace_callback(traced.append)
-    data = watch_page.load(conn, run_id)
+    data = watch_snapshot(conn, run_id)
     conn.close()
     assert [s.new_blocks for s in data.stats] == [2, 1]
     assert not [sql for sql in traced if "watch_blocks" in sql]
 
 
 def test_the_prefix_tree_forgets_old_unheld_leaves_past_its_bound(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(agg, "MAX_TREE_NODES", 10)
+    monkeypatch.setattr(fold_module, "MAX_TREE_NODES", 10)
     db, writer, run_id = _run(tmp_path / "w.db", sources=1)
     rows = [_row(0, 0.0, OP_STORED, [1, 2, 3])]  # a chain kept held
     rows += [_row(0, 1.0, OP_STORED, [100 + i], parent=3) for i in range(10)]
@@ -543,8 +571,8 @@ def test_chains_nobody_touched_are_pruned_and_grown_as_nodes(tmp_path, monkeypat
     """An event's new blocks are one record until one of them is needed (a child, a
     prune): the tree is the one its nodes would have made, and a chain no source holds
     is pruned whole (a path of leaves), not only its last block."""
-    monkeypatch.setattr(agg, "MAX_TREE_NODES", 4)
-    monkeypatch.setattr(agg, "PREFIX_REFRESH_S", 0.0)  # the ranking at every write
+    monkeypatch.setattr(fold_module, "MAX_TREE_NODES", 4)
+    monkeypatch.setattr(fold_module, "PREFIX_REFRESH_S", 0.0)  # the ranking at every write
     db, writer, run_id = _run(tmp_path / "w.db", sources=1)
     rows = [_row(0, 0.0, OP_STORED, [1, 2, 3]), _row(0, 1.0, OP_REMOVED, [1, 2, 3])]
     rows += [_row(0, 2.0, OP_STORED, [10, 11])]  # 5 nodes > 4: 2 to go, 1-2-3 held by none
@@ -628,7 +656,7 @@ def test_subtree_sizes_are_the_blocks_stored_under_each_block() -> None:
         known += hashes
         last[step % 2] = hashes[-1]
         rows.append(_row(step % 2, step * 0.01, OP_STORED, hashes, parent=parent))
-    state = agg.FleetState(1, 0)
+    state = WatchFold(1, 0)
     for source in range(2):
         state.add_source(source, "vllm")
     for start in range(0, len(rows), 300):
@@ -639,10 +667,10 @@ def test_subtree_sizes_are_the_blocks_stored_under_each_block() -> None:
 
     def node_of(h: int) -> tuple[int, int, int]:
         node = nodes[h]
-        if node.__class__ is agg._Chain:  # untouched: a path, the blocks after it below it
+        if node.__class__ is Chain:  # untouched: a path, the blocks after it below it
             i, n = node.hashes.index(h), len(node.hashes)
             return n - i, node.depth + i + 1, int(i < n - 1)
-        return node[3], node[1], node[2]
+        return node.subtree, node.depth, node.children
 
     assert len(nodes) == len(want) > 3000
     assert max(size for size, _, _ in want.values()) > 50  # deep paths were walked
@@ -656,7 +684,7 @@ def test_a_chain_its_source_stores_under_grows_as_one_record() -> None:
     """A session's next turn and its decode steps under the last block of its chain,
     from the source that stored it, extend the chain; another source's block under it
     or a block under the chain's middle makes its nodes, as the rows say they should."""
-    state = agg.FleetState(1, 0)
+    state = WatchFold(1, 0)
     for source in range(2):
         state.add_source(source, "vllm")
     tree = state.trees["vllm"]
@@ -670,15 +698,16 @@ def test_a_chain_its_source_stores_under_grows_as_one_record() -> None:
     state.apply(rows, hash_lists)
     assert hash_lists == [[9], [1, 2, 3], [4, 5], [6]]  # the chain has lists of its own
     chain = tree.nodes[1]
-    assert chain.__class__ is agg._Chain and chain.hashes == [1, 2, 3, 4, 5, 6]
+    assert chain.__class__ is Chain and chain.hashes == [1, 2, 3, 4, 5, 6]
     assert all(tree.nodes[h] is chain for h in range(1, 7))
     assert (len(tree.nodes), tree.roots, tree.max_depth, tree.branch_points) == (7, 1, 7, set())
-    assert tree.nodes[9][3] == 7  # the prompt and the six blocks under it
+    assert tree.nodes[9].subtree == 7  # the prompt and the six blocks under it
     state.apply([_row(1, 0.4, OP_STORED, [7], parent=6)])  # another source: not its chain
-    assert tree.nodes[6].__class__ is list and tree.stored_by(7) == 0b10
-    assert (tree.max_depth, tree.nodes[9][3], tree.nodes[6][2]) == (8, 8, 1)
+    assert tree.nodes[6].__class__ is Node and tree.stored_by(7) == 0b10
+    assert (tree.max_depth, tree.nodes[9].subtree, tree.nodes[6].children) == (8, 8, 1)
     state.apply([_row(0, 0.5, OP_STORED, [8], parent=2)])  # a branch in its middle
-    assert tree.branch_points == {2} and tree.nodes[2][3] == 7  # 2 to 8
+    assert tree.branch_points == {2} and tree.nodes[2].subtree == 7  # 2 to 8
+    state.check_integrity()
 
 
 def test_keep_raw_trims_raw_rows_and_the_aggregates_survive(tmp_path: Path) -> None:
@@ -721,7 +750,7 @@ def test_back_pressure_is_recorded_when_batches_wait(tmp_path: Path) -> None:
     queue, lag = q.back_pressure(recorder._db, recorder.run_id)
     recorder.finish()
     assert [p.value for p in queue] == [30.0, 0.0] and lag[0].value >= 2.0
-    data = watch_page.load(tmp_path / "w.db", recorder.run_id)
+    data = watch_snapshot(tmp_path / "w.db", recorder.run_id)
     fig = watch_page.pressure_figure(data.queue, data.lag)
     assert list(fig.data[0].y) == [30.0, 0.0]
 

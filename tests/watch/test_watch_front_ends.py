@@ -21,8 +21,9 @@ from kvscope.app.report.html import build_html
 from kvscope.app.report.tables import write_csv, write_json
 from kvscope.app.tui.app import KvscopeApp
 from kvscope.app.tui.watch_view import WatchView, render, snapshot
-from kvscope.db import watch_queries as q
+from kvscope.db import watch_read as q
 from kvscope.db.source import reader
+from kvscope.db.watch_snapshot import watch_snapshot
 
 from support import long_recording
 from support.dash_callbacks import call
@@ -37,7 +38,7 @@ def _text(renderable) -> str:
 
 def test_dashboard_figures_draw_the_query_numbers(recording) -> None:
     path, run_id = recording
-    data = watch_page.load(path, run_id)
+    data = watch_snapshot(path, run_id)
     fig = watch_page.cached_blocks_figure(data.cached_series, {0: "zero"})
     traces = {t.name: t for t in fig.data}
     gpu = [p for p in data.cached_series if p.source == 0 and p.medium == "GPU"]
@@ -51,7 +52,7 @@ def test_dashboard_figures_draw_the_query_numbers(recording) -> None:
 
 def test_dashboard_tables(recording) -> None:
     path, run_id = recording
-    data = watch_page.load(path, run_id)
+    data = watch_snapshot(path, run_id)
     (first, *_) = watch_page.block_rows(data.stats)
     assert (
         first["stored"],

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.app.commands.watch import _line, _live
-from kvscope.db import watch_queries as q
+from kvscope.db import watch_read as q
 from kvscope.db.schema import INTERRUPTED
 from kvscope.db.watch_schema import OP_REMOVED, OP_RESET, OP_STORED
 from kvscope.profiler.watch.session import WatchSession

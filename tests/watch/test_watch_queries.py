@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import random
 
-from kvscope.db import watch_queries as q
+from kvscope.db import watch_read as q
 from kvscope.db.store import open_db
-from kvscope.db.watch_writer import WatchBatch, WatchWriter
+from kvscope.db.watch_batch import WatchBatch
+from kvscope.profiler.watch.writer import WatchWriter
 
 from support import long_recording
 from support.watch_helpers import A, B, C, new_watch_run

@@ -16,10 +16,11 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvscope.db.watch_batch import WatchBatch, unpack_hashes
 from kvscope.db.watch_schema import OP_REMOVED, OP_STORED
-from kvscope.db.watch_writer import WatchBatch, WatchWriter, unpack_hashes
 from kvscope.profiler.watch.rows import SourceAttrs, batch_rows
 from kvscope.profiler.watch.wire import EventBatch, decode_batch, decode_payload
+from kvscope.profiler.watch.writer import WatchWriter
 
 from support.watch_helpers import new_watch_run
 

@@ -192,7 +192,7 @@ def test_newer_fields_are_kept_per_source_and_shown() -> None:
     extra_keys / STORAGE and SGLang's cache_salt, on both decode paths."""
     import msgspec
 
-    from kvscope.db.watch_queries import attrs_summary
+    from kvscope.db.watch_read import attrs_summary
     from kvscope.profiler.watch.rows import SourceAttrs, batch_rows
 
     stored = {

@@ -1,5 +1,5 @@
 """A watch transaction that fails after its rows were folded into the in-memory
-aggregates (db.watch_writer): SQLite rolls the rows back, and the next write must
+aggregates (profiler.watch.writer): SQLite rolls the rows back, and the next write must
 not store aggregates of them. The failure is real: a trigger makes the
 transaction's last statement fail, as a full disk would at its end."""
 
@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from kvscope.db.schema import COMPLETE
-from kvscope.db.watch_aggregates import rebuild
+from kvscope.db.watch_batch import WatchBatch
 from kvscope.db.watch_schema import OP_REMOVED, OP_STORED
-from kvscope.db.watch_writer import WatchBatch, WatchWriter
 from kvscope.engine.errors import KvscopeError
+from kvscope.profiler.watch.fold import fold_run
+from kvscope.profiler.watch.writer import WatchWriter
 
 from support.watch_helpers import new_watch_run
 
@@ -93,7 +94,7 @@ def test_a_rolled_back_batch_is_not_in_the_aggregates_later_writes_store(tmp_pat
         ).fetchall()
         assert dict(live).get(0) == 3 and dict(live).get(1, 0) == 0
         with conn:
-            rebuild(conn, run_id)  # the aggregates from the rows the file holds
+            fold_run(conn, run_id)  # the aggregates from the rows the file holds
         assert _aggregates(conn, run_id) == on_disk
     finally:
         conn.close()

@@ -16,8 +16,8 @@ import pytest
 
 import kvscope.profiler.watch.handover as handover
 from kvscope.db.schema import COMPLETE
+from kvscope.db.watch_batch import WatchBatch
 from kvscope.db.watch_schema import OP_STORED
-from kvscope.db.watch_writer import WatchBatch
 from kvscope.profiler.watch.recorder import EAGER_FLUSH
 from kvscope.profiler.watch.session import WatchSession
 from kvscope.profiler.watch.sources import expand_sources

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvscope.db.schema import COMPLETE
+from kvscope.db.watch_batch import WatchBatch
 from kvscope.db.watch_schema import OP_STORED
-from kvscope.db.watch_writer import WatchBatch
 from kvscope.profiler.watch.session import WatchSession
 from kvscope.profiler.watch.sources import expand_sources
 from kvscope.profiler.watch.writer_process import WriterProcess

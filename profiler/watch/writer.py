@@ -1,32 +1,29 @@
 """Writes a watched deployment's rows in batches, one transaction per flush.
 
-Like ``db.writer`` it knows tables, not events: ``profiler.watch`` turns
-batches, incidents and scrapes into the row tuples of a ``WatchBatch``. Every
-write also refreshes the run's heartbeat, so readers tell a live watch from a
-dead one the same way they do for a run, and folds the block rows into the
-aggregates the views read (``db.watch_aggregates``), in the same transaction:
-a view never has to replay the raw events.
+Every write inserts the batch's rows (``db.watch_batch``), folds its block rows
+(``profiler.watch.fold``), writes what changed in the aggregates the views read
+(``db.watch_aggregates``) and refreshes the run's heartbeat, in one
+transaction: a view never has to replay the raw events, and readers tell a live
+watch from a dead one as they do for a run.
 
-The aggregates' state lives in memory and changes as the rows are folded in,
-before the transaction commits: a transaction that fails after that point (a
-full disk at the persist or the commit) is rolled back on disk but not in
-memory, so the state is then rebuilt from the rows the file holds before
-anything else is written; never would a later write store aggregates of rows
-the file does not have.
+The fold lives in memory and changes as the rows are folded in, before the
+transaction commits: a transaction that fails after that point (a full disk at
+the write or the commit) is rolled back on disk but not in memory, so the fold
+is then rebuilt from the rows the file holds before anything else is written;
+never would a later write store aggregates of rows the file does not have.
 """
 
 from __future__ import annotations
 
 import time
-from array import array
-from dataclasses import dataclass, field
 
 from sqlite_utils import Database
 
 from kvscope.db.checkpointer import Checkpointer
 from kvscope.db.schema import FINAL_STATUSES
 from kvscope.db.source import run_origin
-from kvscope.db.watch_aggregates import FleetState, rebuild
+from kvscope.db.watch_aggregates import write_aggregates
+from kvscope.db.watch_batch import SOURCE_COLUMNS, WatchBatch, insert_statement, unpack_hashes
 from kvscope.db.watch_schema import (
     BLOCK_COLUMNS,
     INCIDENT_COLUMNS,
@@ -36,44 +33,7 @@ from kvscope.db.watch_schema import (
 )
 from kvscope.db.writer import WAL_CHECKPOINT_PAGES
 from kvscope.engine.errors import KvscopeError
-
-SOURCE_COLUMNS = ("source", "kind", "engine", "endpoint", "replay", "topic", "dp_rank", "listen")
-
-
-@dataclass(slots=True)
-class WatchBatch:
-    """Rows for one transaction, in ``db.watch_schema``'s column orders (without run_id)."""
-
-    sources: list[tuple] = field(default_factory=list)  # SOURCE_COLUMNS
-    blocks: list[tuple] = field(default_factory=list)
-    raw: list[tuple] = field(default_factory=list)
-    incidents: list[tuple] = field(default_factory=list)
-    metrics: list[tuple] = field(default_factory=list)
-    # (*SOURCE_COUNTERS, source): the sources' counters as of this batch
-    counters: list[tuple] = field(default_factory=list)
-    model: str | None = None  # the served model, once known: the run's model if unset
-    # The hashes of each row of ``blocks`` as ints, or packed (``unpack_hashes``; None:
-    # parsed from the row's JSON), so the aggregates need not parse what the
-    # recorder just formatted.
-    hash_lists: list[list[int] | bytes | None] | None = None
-
-
-def unpack_hashes(hash_lists: list[list[int] | bytes | None]) -> list[list[int] | None]:
-    """The hashes of each block row for the aggregates, as lists: the usual batch's
-    come packed (bytes of native 64-bit ints, ``profiler.watch.rows``), read signed,
-    as SQLite keeps them."""
-    return [_unpacked(h) if h.__class__ is bytes else h for h in hash_lists]
-
-
-def _unpacked(packed: bytes) -> list[int]:
-    signed = array("q")
-    signed.frombytes(packed)
-    return signed.tolist()
-
-
-def _insert(table: str, columns: tuple[str, ...], run_id: int) -> str:
-    names = ", ".join(("run_id", *columns))
-    return f"INSERT INTO {table} ({names}) VALUES ({run_id}, {', '.join('?' * len(columns))})"
+from kvscope.profiler.watch.fold import WatchFold, fold_run
 
 
 class WatchWriter:
@@ -106,11 +66,11 @@ class WatchWriter:
         (_, _, path) = db.execute("PRAGMA database_list").fetchone()
         self._checkpointer = Checkpointer(path) if path else None
         self._statements = (
-            ("sources", _insert("watch_sources", SOURCE_COLUMNS, r)),
-            ("blocks", _insert("watch_blocks", BLOCK_COLUMNS, r)),
-            ("raw", _insert("watch_raw", RAW_COLUMNS, r)),
-            ("incidents", _insert("watch_incidents", INCIDENT_COLUMNS, r)),
-            ("metrics", _insert("watch_metrics", METRIC_COLUMNS, r)),
+            ("sources", insert_statement("watch_sources", SOURCE_COLUMNS, r)),
+            ("blocks", insert_statement("watch_blocks", BLOCK_COLUMNS, r)),
+            ("raw", insert_statement("watch_raw", RAW_COLUMNS, r)),
+            ("incidents", insert_statement("watch_incidents", INCIDENT_COLUMNS, r)),
+            ("metrics", insert_statement("watch_metrics", METRIC_COLUMNS, r)),
             (
                 "counters",
                 "UPDATE watch_sources SET "
@@ -119,14 +79,14 @@ class WatchWriter:
             ),
         )
 
-    def _folded_state(self, has_rows: bool) -> FleetState:
+    def _folded_state(self, has_rows: bool) -> WatchFold:
         """The run's state: folded from its rows (``has_rows``), or a new one."""
         db, r = self.db, self.run_id
         if has_rows:
             with db.atomic():
-                state = rebuild(db.conn, r)
+                state = fold_run(db.conn, r)
         else:
-            state = FleetState(r, run_origin(db.conn, r))
+            state = WatchFold(r, run_origin(db.conn, r))
         for source, engine in db.execute(
             "SELECT source, engine FROM watch_sources WHERE run_id = ? AND kind = 'events'", (r,)
         ).fetchall():
@@ -168,14 +128,14 @@ class WatchWriter:
                     if rows:
                         conn.executemany(sql, rows)
                 # From here the state changes with the transaction (apply folds rows
-                # in, persist hands its deltas over), not as the transaction does.
+                # in, changes hands its deltas over), not as the transaction does.
                 folding = True
                 if batch.blocks:
                     state.apply(batch.blocks, batch.hash_lists)
                     state.applied_rowid = conn.execute(
                         "SELECT MAX(rowid) FROM watch_blocks"
                     ).fetchone()[0]
-                state.persist(conn)
+                write_aggregates(conn, self.run_id, state.changes())
                 if batch.model is not None:
                     conn.execute(
                         "UPDATE runs SET model = ? WHERE id = ? AND model IS NULL",
@@ -235,7 +195,7 @@ class WatchWriter:
         now = time.time()
         with self.db.atomic():
             if persist:
-                self.state.persist(self.db.conn, final=True)
+                write_aggregates(self.db.conn, self.run_id, self.state.changes(final=True))
             self.db.execute(
                 """UPDATE runs SET status = ?, ended_at = ?, heartbeat = ?, dropped_events = ?
                    WHERE id = ?""",
