@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
-from dash import dcc, html
+from dash import Dash, Input, Output, State, dcc, html
 
 from kvscope.app.dashboard.figures import _empty, _figure
+from kvscope.app.dashboard.live import Reads, live
 from kvscope.db.miss_reasons import REASONS, MissCounts
-from kvscope.db.sweeps import Sweep, SweepPoint
+from kvscope.db.queries import run_info
+from kvscope.db.sweeps import Sweep, SweepPoint, list_sweeps
+from kvscope.db.sweeps import sweep as read_sweep
 
 PAGE = ("capacity", "Capacity", "/capacity")
 NO_SWEEPS = "No capacity sweep recorded yet: run kvscope replay TRACE --db FILE."
@@ -193,3 +196,36 @@ __all__ = [
     "miss_split_figure",
     "sweep_options",
 ]
+
+
+def register(app: Dash, reads: Reads) -> None:
+    """This page's callbacks."""
+
+    @app.callback(
+        Output("capacity-sweep", "options"),
+        Output("capacity-sweep", "value"),
+        Output("capacity-compare", "options"),
+        Output("capacity-curves", "figure"),
+        Output("capacity-misses", "figure"),
+        Input("version", "data"),
+        Input("capacity-sweep", "value"),
+        Input("capacity-compare", "value"),
+        State("run", "value"),
+    )
+    def capacity(
+        _: dict | None, primary: str | None, others: list | None, run_id: int | None
+    ) -> tuple:
+        with reads.reader() as db:
+            sweeps = list_sweeps(db)
+            if primary is None and run_id is not None:  # first visit: the chosen run's sweep
+                primary = run_info(db, run_id).config.get("sweep_id")
+            ids = chosen(sweeps, primary, others)
+            shown = [s for s in (read_sweep(db, i, misses=n == 0) for n, i in enumerate(ids)) if s]
+        options = sweep_options(sweeps)
+        return (
+            options,
+            ids[0] if ids else None,
+            [o for o in options if not ids or o["value"] != ids[0]],
+            live(capacity_figure(shown), tuple(ids)),
+            live(miss_split_figure(shown[0] if shown else None), tuple(ids[:1])),
+        )

@@ -5,13 +5,13 @@ refresh timer) and one layout per page. Ids here are the contract with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from dash import dash_table, dcc, html
 
 from kvscope.app.dashboard import capacity_page, long_context_page, sizing_page, watch_page
-from kvscope.app.dashboard.figures import TABLE_STYLE, Tile
+from kvscope.app.dashboard.figures import TABLE_STYLE
+from kvscope.app.dashboard.parts import message
 
 # (key, label, path): the key prefixes every component id on the page.
 PAGES = (
@@ -94,24 +94,6 @@ def _graph(graph_id: str, wide: bool = False) -> html.Div:
 
 def _table(table_id: str, **kwargs: object) -> dash_table.DataTable:
     return dash_table.DataTable(id=table_id, **TABLE_STYLE, **kwargs)
-
-
-def message(text: str) -> html.Div:
-    return html.Div(text, className="message")
-
-
-def tiles(items: Sequence[Tile]) -> list[html.Div]:
-    return [
-        html.Div(
-            className="tile",
-            children=[
-                html.Div(t.label, className="tile-label"),
-                html.Div(t.value, className="tile-value"),
-                html.Div(t.detail, className="tile-detail"),
-            ],
-        )
-        for t in items
-    ]
 
 
 def page(key: str) -> html.Div:

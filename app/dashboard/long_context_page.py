@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
-from dash import dcc, html
+from dash import Dash, Input, Output, dcc, html
 
+from kvscope.app.dashboard import infllm_figures, parts
 from kvscope.app.dashboard.infllm_figures import block_heatmap, resident_bytes_figure
-from kvscope.db.infllm import Retrieval
+from kvscope.app.dashboard.live import Reads, chosen_run, live
+from kvscope.db.infllm import Retrieval, retrievals
 
 PAGE = ("long-context", "Long context", "/long-context")
 NO_RETRIEVALS = "No InfLLM retrievals in this run (record one with --attention-mode infllm)."
@@ -79,3 +81,28 @@ def layout() -> list:
             for graph_id in ("long-context-heatmap", "long-context-resident")
         ),
     ]
+
+
+def register(app: Dash, reads: Reads) -> None:
+    """This page's callbacks."""
+
+    @app.callback(
+        Output("long-context-note", "children"),
+        Output("long-context-request", "options"),
+        Output("long-context-request", "value"),
+        Output("long-context-heatmap", "figure"),
+        Output("long-context-resident", "figure"),
+        Input("version", "data"),
+        Input("run", "value"),
+        Input("long-context-request", "value"),
+    )
+    def long_context(version: dict | None, run_id: int | None, chosen: int | None) -> tuple:
+        run_id = chosen_run(run_id)
+        shown = view(reads.cached(retrievals, run_id, version), chosen)
+        return (
+            None if shown.note is None else parts.message(shown.note),
+            [{"label": infllm_figures.request_label(r), "value": r} for r in shown.requests],
+            shown.request_id,
+            live(shown.heatmap, (run_id, shown.request_id)),
+            live(shown.resident, run_id),
+        )

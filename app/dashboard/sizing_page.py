@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import plotly.graph_objects as go
-from dash import dcc, html
+from dash import Dash, Input, Output, dcc, html
 
 from kvscope.app.cliff import cliff_figure, cliff_report
+from kvscope.app.dashboard import figures, parts
 from kvscope.app.dashboard.figures import FONT, Tile
+from kvscope.app.dashboard.live import Reads
 from kvscope.engine.errors import KvscopeError
 from kvscope.engine.presets import DEVICES, MODELS
 from kvscope.engine.sizing import KV_DTYPES
@@ -148,3 +150,26 @@ def layout() -> list:
             ),
         ),
     ]
+
+
+def register(app: Dash, reads: Reads) -> None:
+    """This page's callbacks."""
+
+    @app.callback(
+        Output("sizing-tiles", "children"),
+        Output("sizing-cliff", "figure"),
+        Input("sizing-model", "value"),
+        Input("sizing-device", "value"),
+        Input("sizing-kv_dtype", "value"),
+        Input("sizing-resident", "value"),
+    )
+    def sizing(model: str, device: str, kv_dtype: str, resident: float | None) -> tuple:
+        try:
+            report = cliff(model, device, kv_dtype, resident)
+        except KvscopeError as exc:
+            fig = figures._empty(figures._figure("The throughput cliff"), str(exc))
+            return parts.message(str(exc)), fig
+        return (
+            parts.tiles(cliff_tiles(report)),
+            cliff_chart(report),
+        )

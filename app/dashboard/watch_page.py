@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import plotly.graph_objects as go
-from dash import dash_table, dcc, html, no_update
+from dash import ALL, Dash, Input, Output, ctx, dash_table, dcc, html, no_update
 from plotly.subplots import make_subplots
 
 from kvscope.app.dashboard.figures import TABLE_STYLE
+from kvscope.app.dashboard.live import Reads, chosen_run
 from kvscope.db import watch_read as q
 from kvscope.db.source import reader
 from kvscope.db.watch_snapshot import WatchSnapshot, watch_snapshot
@@ -511,3 +513,32 @@ class Renderer:
                 self._key = key
                 self.renders += 1
             return self._page
+
+
+def register(app: Dash, reads: Reads) -> None:
+    """This page's callbacks."""
+    watch_renderer = Renderer(reads.db_path)  # one render at a time, none when unchanged
+
+    @app.callback(
+        Output("watch-content", "children"),
+        Input("version", "data"),
+        Input("run", "value"),
+        Input("watch-window", "value"),
+        Input("watch-zoom", "data"),
+    )
+    def watch(
+        _: dict | None, run_id: int | None, window: str | None = None, zoom: dict | None = None
+    ) -> Any:
+        return watch_renderer(chosen_run(run_id), window, zoom)
+
+    @app.callback(
+        Output("watch-zoom", "data"),
+        Input({"type": ZOOM_GRAPH, "index": ALL}, "relayoutData"),
+        Input("watch-window", "value"),
+        prevent_initial_call=True,
+    )
+    def watch_zoom(_: list, __: str | None) -> Any:
+        """A time graph zoomed: its range is the window; a window chosen: no zoom."""
+        if ctx.triggered_id == "watch-window":
+            return None
+        return zoom_of(ctx.triggered[0]["value"])
