@@ -162,7 +162,7 @@ def block_rows(conn: sqlite3.Connection, run_id: int, chunk: int = 50_000) -> It
         yield rows
 
 
-_AGGREGATE_TABLES = (
+AGGREGATE_TABLES = (
     "watch_source_stats",
     "watch_live",
     "watch_series",
@@ -175,7 +175,7 @@ _AGGREGATE_TABLES = (
 
 def clear_aggregates(conn: sqlite3.Connection, run_id: int) -> None:
     """A run's aggregates gone, before they are written again from a refold."""
-    for table in _AGGREGATE_TABLES:
+    for table in AGGREGATE_TABLES:
         conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
     conn.execute("DELETE FROM watch_agg_stale WHERE run_id = ?", (run_id,))
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import json
 import logging
 import os
 import sqlite3
@@ -22,8 +21,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from kvscope.db.runs import writer_liveness
-from kvscope.db.schema import COMPLETE, FAILED, RUNNING
+from kvscope.db.schema import COMPLETE, FAILED
 from kvscope.db.store import open_db
 from kvscope.db.watch_batch import WatchBatch
 from kvscope.db.watch_schema import (
@@ -41,6 +39,7 @@ from kvscope.engine.events import now_ns
 from kvscope.profiler.hardware import describe_versions
 from kvscope.profiler.watch.incident import IncidentNote
 from kvscope.profiler.watch.prom_text import parse_labels
+from kvscope.profiler.watch.resume import Resumed, continue_run, resumable_run
 from kvscope.profiler.watch.rows import SourceAttrs, batch_rows
 from kvscope.profiler.watch.subscriber import Stream
 from kvscope.profiler.watch.wire import EventBatch
@@ -50,38 +49,6 @@ from kvscope.profiler.watch.writer_process import WriterProcess
 log = logging.getLogger(__name__)
 TRIM_EVERY_S = 60.0
 EAGER_FLUSH = 64  # batches: with a writer process, a chunk goes once this many wait
-
-
-def _resumable(db: Any, config: Mapping[str, Any]) -> tuple[int, float, int] | None:
-    """The newest watch run of the same sources that nothing writes any more and that
-    kept its raw rows (so its cache state can be rebuilt): (run id, started_at,
-    start_ns)."""
-    sources = config.get("sources")
-    if not sources:
-        return None
-    for run_id, status, started_at, start_ns, raw, heartbeat, pid, host in db.execute(
-        "SELECT id, status, started_at, start_ns, config, heartbeat, writer_pid, writer_host "
-        "FROM runs WHERE kind = ? ORDER BY id DESC",
-        (WATCH_KIND,),
-    ).fetchall():
-        try:
-            old = json.loads(raw or "{}")
-        except ValueError:
-            continue
-        if old.get("sources") != list(sources) or old.get("engine") != config.get("engine"):
-            continue
-        if status == RUNNING and not writer_liveness(heartbeat, pid, host).certainly_gone:
-            # Another watch may be writing it: do not write over it. A watch killed with
-            # its writer process (kill -9 of the group, the OOM killer, a reboot) leaves
-            # its run 'running'; once nothing can write it, it is continued.
-            return None
-        trimmed = db.execute(
-            "SELECT raw_trimmed_before FROM watch_agg_state WHERE run_id = ?", (run_id,)
-        ).fetchone()
-        if trimmed and trimmed[0] is not None:
-            return None  # --keep-raw: its cache state cannot be rebuilt; a new run
-        return run_id, started_at, start_ns
-    return None
 
 
 class WatchRecorder:
@@ -102,10 +69,7 @@ class WatchRecorder:
         writer_process: bool | None = None,
     ) -> None:
         self._db = open_db(db_path)
-        previous = _resumable(self._db, config) if resume else None
-        # Stored sources of a resumed run: (endpoint, topic, dp_rank) -> their row
-        self._stored: dict[tuple, dict[str, Any]] = {}
-        self._stored_metrics: dict[str, int] = {}  # URL -> source
+        previous = resumable_run(self._db, config) if resume else None
         if previous is None:
             self.start_ns = now_ns()
             self.started_at = time.time()
@@ -119,37 +83,20 @@ class WatchRecorder:
                 started_at=self.started_at,
                 start_ns=self.start_ns,
             )
-            first_index = 0
+            previous = Resumed(self.run_id, self.started_at, self.start_ns)
         else:
             # The same sources watched before into this file: continue that run, so its
             # sequence numbers, cache state and totals carry on (gaps replayed or lost).
-            self.run_id, self.started_at, self.start_ns = previous
-            self._db.execute(
-                "UPDATE runs SET status = ?, ended_at = NULL, heartbeat = ?, writer_pid = ? "
-                "WHERE id = ?",
-                (RUNNING, time.time(), os.getpid(), self.run_id),
-            )
-            self._db.conn.commit()
-            rows = self._db.execute(
-                "SELECT * FROM watch_sources WHERE run_id = ?", (self.run_id,)
-            ).fetchall()
-            names = [
-                d[0] for d in self._db.execute("SELECT * FROM watch_sources LIMIT 0").description
-            ]
-            for row in rows:
-                stored = dict(zip(names, row, strict=True))
-                if stored["kind"] == EVENTS_SOURCE:
-                    key = (stored["endpoint"], stored["topic"] or "", stored["dp_rank"])
-                    self._stored[key] = stored
-                else:
-                    self._stored_metrics[stored["endpoint"]] = stored["source"]
-            first_index = 1 + max((r[names.index("source")] for r in rows), default=-1)
-        self.resumed = previous is not None
-        written = 0
-        if self.resumed:
-            (written,) = self._db.execute(
-                "SELECT events_written FROM runs WHERE id = ?", (self.run_id,)
-            ).fetchone()
+            previous = continue_run(self._db, previous)
+            self.run_id, self.started_at, self.start_ns = (
+                previous.run_id, previous.started_at, previous.start_ns,
+            )  # fmt: skip
+        self.resumed = previous.written is not None
+        # Stored sources of a resumed run: (endpoint, topic, dp_rank) -> their row
+        self._stored = previous.stored
+        self._stored_metrics = previous.stored_metrics  # URL -> source
+        first_index = previous.first_index
+        written = previous.written
         # A watching process of its own (kvscope watch: freeze_gc) writes from a child
         # process, so that SQLite and the aggregates no longer share its GIL with the
         # decoding (profiler.watch.writer_process); tests write from a thread.

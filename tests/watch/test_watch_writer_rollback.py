@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.db.schema import COMPLETE
+from kvscope.db.watch_aggregates import AGGREGATE_TABLES
 from kvscope.db.watch_batch import WatchBatch
 from kvscope.db.watch_schema import OP_REMOVED, OP_STORED
 from kvscope.engine.errors import KvscopeError
@@ -19,15 +20,7 @@ from kvscope.profiler.watch.writer import WatchWriter
 
 from support.watch_helpers import new_watch_run
 
-AGGREGATES = (
-    "watch_source_stats",
-    "watch_live",
-    "watch_series",
-    "watch_fleet_series",
-    "watch_fleet",
-    "watch_histograms",
-    "watch_shared_prefixes",
-)
+AGGREGATES = AGGREGATE_TABLES
 SOURCES = [
     (0, "events", "vllm", "tcp://a:1", None, "", None, 0),
     (1, "events", "vllm", "tcp://b:1", None, "", None, 0),
