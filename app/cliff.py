@@ -28,9 +28,9 @@ from kvscope.engine.sizing import (
     WEIGHT_BYTES_PER_PARAM,
     ContextShape,
     Residency,
-    batch_at_context,
-    cliff_context,
     compute_bound_batch,
+    shape_batch_at_context,
+    shape_cliff_context,
 )
 
 CLIFF_DESCRIPTION = (
@@ -40,6 +40,8 @@ CLIFF_DESCRIPTION = (
     "(default 1024:1024). The cliff is the longest context at which the budget still holds the "
     "compute-bound batch. Units: GiB = 2^30 bytes, TFLOP/s = 1e12, GB/s = 1e9."
 )
+
+CURVE_POINTS = 96  # contexts on the plot's log axis
 
 
 def _context_grid(max_context: int) -> list[int]:
@@ -62,16 +64,21 @@ def cliff_report(args: argparse.Namespace) -> dict[str, Any]:
     context = args.input_tokens + args.output_tokens
     residency = getattr(args, "resident_tokens", None)
     grid = _context_grid(getattr(args, "max_context", None) or 131072)
+    curve = _log_grid(min(grid[0], 256), grid[-1], CURVE_POINTS)  # the plot's contexts
     dtypes = list(dict.fromkeys(("fp16", args.kv_dtype or "fp8_e4m3")))
     variants = [(dtype, FULL) for dtype in dtypes]
     if residency is not None:
         variants += [(dtype, residency) for dtype in dtypes]
 
+    state_dtype = getattr(args, "state_dtype", None)
+
     def scenario(dtype: str, resident: Residency) -> dict[str, Any]:
         per_token = shape.bytes_per_token(dtype)
 
         def batch(length: int) -> int:
-            return batch_at_context(budget.kv_bytes, per_token, length, split, resident)
+            return shape_batch_at_context(
+                shape, budget.kv_bytes, length, split, dtype, state_dtype, resident
+            )
 
         return plain_dict(
             {
@@ -80,10 +87,11 @@ def cliff_report(args: argparse.Namespace) -> dict[str, Any]:
                 "resident_fraction": resident.fraction,
                 "kv_bytes_per_token": plain(per_token),
                 "batch_at_input_output": batch(context),
-                "cliff_context_len": cliff_context(
-                    budget.kv_bytes, per_token, needed, split, resident
+                "cliff_context_len": shape_cliff_context(
+                    shape, budget.kv_bytes, needed, split, dtype, state_dtype, resident
                 ),
                 "batches": [batch(length) for length in grid],
+                "curve": [batch(length) for length in curve],
             }
         )
 
@@ -98,6 +106,7 @@ def cliff_report(args: argparse.Namespace) -> dict[str, Any]:
             "input_tokens": args.input_tokens,
             "output_tokens": args.output_tokens,
             "contexts": grid,
+            "curve_contexts": curve,
             "scenarios": {_scenario_name(d, r): scenario(d, r) for d, r in variants},
         }
     )
@@ -142,18 +151,17 @@ def _cliff(length: int | None) -> str:
     return "never" if length is None else f"{length:,}"
 
 
-def cliff_figure(r: dict[str, Any], points: int = 96) -> Any:
+def cliff_figure(r: dict[str, Any]) -> Any:
     """Average batch against context length per scenario, the compute-bound line, and the cliffs."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     needed = r["compute_bound_batch"]
     for name, s in r["scenarios"].items():
-        contexts = _log_grid(min(r["contexts"][0], 256), r["contexts"][-1], points)
         fig.add_trace(
             go.Scatter(
-                x=contexts,
-                y=[_scenario_batch(r, s, length) for length in contexts],
+                x=r["curve_contexts"],
+                y=s["curve"],
                 mode="lines",
                 name=name,
             )
@@ -189,12 +197,6 @@ def cliff_figure(r: dict[str, Any], points: int = 96) -> Any:
 def _log_grid(low: int, high: int, points: int) -> list[int]:
     ratio = (high / low) ** (1 / (points - 1))
     return sorted({round(low * ratio**i) for i in range(points)})
-
-
-def _scenario_batch(r: dict[str, Any], s: dict[str, Any], length: int) -> int:
-    resident = Residency(s["resident_tokens"], s["resident_fraction"])
-    split = ContextShape.of(r["input_tokens"], r["output_tokens"])
-    return batch_at_context(r["kv_budget_bytes"], s["kv_bytes_per_token"], length, split, resident)
 
 
 def run_cliff(args: argparse.Namespace) -> int:

@@ -13,8 +13,10 @@ from dataclasses import replace
 from typing import Any
 
 from kvscope.app.output_format import GIB
+from kvscope.engine.attention_forms import STATE_DTYPE_BYTES
+from kvscope.engine.attention_presets import SIZING_PRESETS, sizing_preset
 from kvscope.engine.errors import KvscopeError
-from kvscope.engine.presets import DEVICES, MODELS, Device, device_preset, model_preset
+from kvscope.engine.presets import DEVICES, MODELS, Device, device_preset
 from kvscope.engine.sizing import (
     KV_DTYPES,
     WEIGHT_BYTES_PER_PARAM,
@@ -160,7 +162,7 @@ def add_model_options(
     parser: argparse.ArgumentParser, *, kv_width: bool, kv_dtype_help: str
 ) -> None:
     group = parser.add_argument_group("model (one of: a preset, a file, or an explicit shape)")
-    group.add_argument("--preset", help=f"model preset: {', '.join(MODELS)}")
+    group.add_argument("--preset", help=f"model preset: {', '.join([*MODELS, *SIZING_PRESETS])}")
     group.add_argument("--config", metavar="CONFIG_JSON", help="a Hugging Face config.json")
     group.add_argument("--gguf", metavar="FILE", help="a GGUF model file (metadata only)")
     group.add_argument("--layers", type=at_most(MAX_SHAPE))
@@ -177,6 +179,12 @@ def add_model_options(
         "--params", type=parse_count, help="parameter count (8e9, 8B, 135M); overrides the model's"
     )
     parser.add_argument("--kv-dtype", "--dtype", choices=list(KV_DTYPES), help=kv_dtype_help)
+    parser.add_argument(
+        "--state-dtype",
+        choices=list(STATE_DTYPE_BYTES),
+        help="linear-attention / Mamba state format (default: the KV dtype's width; vLLM's "
+        "mamba_ssm_cache_dtype can keep it in fp32)",
+    )
     parser.add_argument("--device", type=device_name, help=f"device preset: {', '.join(DEVICES)}")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -210,6 +218,7 @@ def add_budget_options(parser: argparse.ArgumentParser) -> None:
 # given before the subcommand's name (kvscope calc --preset X cliff) keep their values.
 CALC_DEFAULTS = {
     "kv_dtype": None,
+    "state_dtype": None,
     "weight_dtype": "fp16",
     "overhead_gib": 1.5,
     "activation_gib": 0.0,
@@ -229,7 +238,7 @@ def resolve_model(args: argparse.Namespace) -> ModelShape:
             "--layers N --q-heads N --kv-heads N --head-dim N"
         )
     if args.preset:
-        shape = ModelShape.from_config(model_preset(args.preset))
+        shape = sizing_preset(args.preset)
     elif args.config:
         shape = ModelShape.from_hf_config(args.config)
     elif args.gguf:

@@ -12,54 +12,20 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kvscope.engine.attention_forms import (
+    WINDOWED,
+    LayerGroup,
+    full_group,
+    longest_context,
+    request_bytes,
+    with_kv_heads,
+)
 from kvscope.engine.errors import KvscopeError
+from kvscope.engine.kv_formats import KV_DTYPES, KVFormat, kv_dtype_spec  # noqa: F401  (sizing's API)
 from kvscope.engine.model_config import ModelConfig
 
 GIB = 1 << 30
 MIB = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class KVFormat:
-    """How one KV element is stored: its payload bits and its scale overhead.
-
-    ``scale_bytes`` are paid once per ``group`` elements along head_dim
-    (``group=0`` means one scale per token per head, i.e. per head_dim elements).
-    """
-
-    name: str
-    bits: int
-    scale_bytes: int = 0
-    group: int = 0
-
-    def bytes_per_head_vector(self, head_dim: int) -> float:
-        payload = head_dim * self.bits / 8
-        if not self.scale_bytes:
-            return payload
-        groups = 1 if self.group == 0 else head_dim // self.group
-        return payload + groups * self.scale_bytes
-
-
-KV_DTYPES: dict[str, KVFormat] = {
-    "fp32": KVFormat("fp32", 32),
-    "fp16": KVFormat("fp16", 16),
-    "bf16": KVFormat("bf16", 16),
-    "fp8_e4m3": KVFormat("fp8_e4m3", 8),
-    "fp8_e5m2": KVFormat("fp8_e5m2", 8),
-    # per-token-per-head fp32 scale
-    "int8": KVFormat("int8", 8, scale_bytes=4),
-    # group-wise over head_dim (group 32): fp16 scale + fp16 zero point per group
-    "int4": KVFormat("int4", 4, scale_bytes=4, group=32),
-}
-
-
-def kv_dtype_spec(name: str) -> KVFormat:
-    try:
-        return KV_DTYPES[name]
-    except KeyError:
-        raise KvscopeError(
-            f"unknown KV dtype {name!r}; choose one of {', '.join(KV_DTYPES)}"
-        ) from None
 
 
 def kv_bytes_per_token(
@@ -97,6 +63,10 @@ class ModelShape:
     head_dim: int
     params: int | None = None
     context_len: int | None = None
+    # The layers by attention form (engine.attention_forms); none given: every layer
+    # full attention with the shape's KV heads and head_dim.
+    groups: tuple[LayerGroup, ...] = ()
+    source: str | None = None  # where a preset's figures come from
 
     def __post_init__(self) -> None:
         for field in ("layers", "q_heads", "kv_heads", "head_dim"):
@@ -106,6 +76,53 @@ class ModelShape:
             raise KvscopeError(
                 f"{self.q_heads} query heads do not split into groups for {self.kv_heads} KV heads"
             )
+        if not self.groups:
+            object.__setattr__(
+                self, "groups", (full_group(self.layers, self.kv_heads, self.head_dim),)
+            )
+        elif sum(g.layers for g in self.groups) != self.layers:
+            raise KvscopeError(
+                f"{self.name}: its layer groups hold {sum(g.layers for g in self.groups)} "
+                f"layers, not {self.layers}"
+            )
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether any layer keeps less (or other) than K and V for every token."""
+        return any(g.kind != "full" for g in self.groups)
+
+    def request_bytes(self, context_len: float, kv_dtype: str = "fp16",
+                      state_dtype: str | None = None) -> float:  # fmt: skip
+        """Bytes one request of ``context_len`` tokens holds, summed over the groups."""
+        return request_bytes(self.groups, context_len, kv_dtype, state_dtype)
+
+    def avg_request_bytes(self, input_tokens: float, output_tokens: float,
+                          kv_dtype: str = "fp16", state_dtype: str | None = None,
+                          residency: Residency | None = None) -> float:  # fmt: skip
+        """Bytes a request holds on average over its life (it grows from ``input_tokens``
+        to their sum): each group's tokens averaged as it holds them (a window's at
+        most its window), plus the fixed states."""
+        residency = FULL if residency is None else residency
+        total = 0.0
+        for g in self.groups:
+            if g.kind == "state":
+                total += g.state_bytes(kv_dtype, state_dtype)
+                continue
+            held = residency
+            if g.kind in WINDOWED:
+                cap = g.window if residency.tokens is None else min(g.window, residency.tokens)
+                held = Residency(
+                    tokens=cap, fraction=1.0 if residency.tokens is None else residency.fraction
+                )
+            total += g.bytes_per_token(kv_dtype) * avg_tokens_held(
+                input_tokens, output_tokens, held
+            )
+        return total
+
+    def longest_context(self, budget_bytes: float, kv_dtype: str = "fp16",
+                        state_dtype: str | None = None) -> float:  # fmt: skip
+        """Tokens one request could hold within ``budget_bytes`` (windows and states paid)."""
+        return longest_context(self.groups, budget_bytes, kv_dtype, state_dtype)
 
     @property
     def kv_width(self) -> int:
@@ -113,7 +130,9 @@ class ModelShape:
         return self.kv_heads * self.head_dim
 
     def bytes_per_token(self, kv_dtype: str = "fp16") -> float:
-        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, kv_dtype)
+        """Bytes one token held by every group costs: the sum over the groups (a model
+        of full-attention layers alone: 2 x kv_heads x head_dim x layers x bytes)."""
+        return sum(g.bytes_per_token(kv_dtype) for g in self.groups)
 
     def kv_head_variants(self) -> dict[str, ModelShape]:
         """The same model with one KV head per query head (MHA), grouped heads (GQA), and one
@@ -124,10 +143,13 @@ class ModelShape:
             heads = max(d for d in range(1, min(8, self.q_heads - 1) + 1) if self.q_heads % d == 0)
             gqa = replace(self, kv_heads=heads)
         return {
-            "MHA": replace(self, kv_heads=self.q_heads),
-            "GQA": gqa,
-            "MQA": replace(self, kv_heads=1),
+            "MHA": self._with_kv_heads(self.q_heads),
+            "GQA": gqa if gqa is self else self._with_kv_heads(gqa.kv_heads),
+            "MQA": self._with_kv_heads(1),
         }
+
+    def _with_kv_heads(self, kv_heads: int) -> ModelShape:
+        return replace(self, kv_heads=kv_heads, groups=with_kv_heads(self.groups, kv_heads))
 
     @classmethod
     def from_config(cls, config: ModelConfig, params: int | None = None) -> ModelShape:
@@ -252,6 +274,23 @@ class KVCapacity:
     tokens_in_budget: int
 
 
+def shape_capacity(shape: ModelShape, budget_bytes: float, kv_dtype: str, per_request: float,
+                   max_model_len: int, state_dtype: str | None = None) -> KVCapacity:  # fmt: skip
+    """``kv_capacity`` for a model of any attention forms: requests of ``per_request``
+    bytes on average, a max-length reservation of what a ``max_model_len`` request
+    holds, and the tokens one request could hold (windows and states paid first)."""
+    longest = shape.longest_context(budget_bytes, kv_dtype, state_dtype)
+    return KVCapacity(
+        kv_bytes_per_token=shape.bytes_per_token(kv_dtype),
+        kv_bytes_per_request=per_request,
+        max_avg_batch=math.floor(budget_bytes / per_request),
+        max_batch_max_reservation=math.floor(
+            budget_bytes / shape.request_bytes(max_model_len, kv_dtype, state_dtype)
+        ),
+        tokens_in_budget=math.floor(min(longest, 2**62)),
+    )
+
+
 def kv_capacity(
     budget_bytes: float, bytes_per_token: float, avg_tokens: float, max_model_len: int
 ) -> KVCapacity:
@@ -356,13 +395,40 @@ def cliff_context(
     short of the batch; None when the batch never falls below it (a resident cap
     that holds enough requests at any length).
     """
+    return _longest_true(
+        lambda n: (
+            batch_at_context(budget_bytes, bytes_per_token, n, shape, residency) >= needed_batch
+        )
+    )
 
-    def enough(context_len: int) -> bool:
-        return (
-            batch_at_context(budget_bytes, bytes_per_token, context_len, shape, residency)
+
+def shape_batch_at_context(model: ModelShape, budget_bytes: float, context_len: float,
+                           split: ContextShape, kv_dtype: str, state_dtype: str | None = None,
+                           residency: Residency = FULL) -> int:  # fmt: skip
+    """``batch_at_context`` for a model of any attention forms: each layer group's bytes
+    over the request's life (a window's at most its window), its states whole."""
+    prompt = context_len * split.input_share
+    per_request = model.avg_request_bytes(
+        prompt, context_len - prompt, kv_dtype, state_dtype, residency
+    )
+    return math.floor(budget_bytes / per_request)
+
+
+def shape_cliff_context(model: ModelShape, budget_bytes: float, needed_batch: float,
+                        split: ContextShape, kv_dtype: str, state_dtype: str | None = None,
+                        residency: Residency = FULL) -> int | None:  # fmt: skip
+    """``cliff_context`` for a model of any attention forms."""
+    return _longest_true(
+        lambda n: (
+            shape_batch_at_context(model, budget_bytes, n, split, kv_dtype, state_dtype, residency)
             >= needed_batch
         )
+    )
 
+
+def _longest_true(enough) -> int | None:
+    """The largest context length n with ``enough(n)``, for an ``enough`` that holds up
+    to some length and not past it: 0 when not even at 1, None when at every length."""
     if not enough(1):
         return 0
     low, high = 1, 2

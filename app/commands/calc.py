@@ -33,8 +33,15 @@ from kvscope.app.sizing_args import (
     positive,
     resolve_model,
 )
+from kvscope.engine.attention_forms import WINDOWED
 from kvscope.engine.errors import KvscopeError
-from kvscope.engine.sizing import KV_DTYPES, ModelShape, avg_tokens_held, kv_capacity, reload_cost
+from kvscope.engine.sizing import (
+    KV_DTYPES,
+    ModelShape,
+    avg_tokens_held,
+    reload_cost,
+    shape_capacity,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -149,16 +156,47 @@ def sizing_report(args: argparse.Namespace) -> dict[str, Any]:
         avg_tokens = avg_tokens_held(args.input_tokens, args.output_tokens)
     max_len = args.max_model_len or shape.context_len or args.input_tokens + args.output_tokens
 
+    state_dtype = getattr(args, "state_dtype", None)
+
+    def per_request(variant: ModelShape, dtype: str) -> float:
+        if args.seq_len is not None:
+            return variant.request_bytes(args.seq_len, dtype, state_dtype)
+        return variant.avg_request_bytes(args.input_tokens, args.output_tokens, dtype, state_dtype)
+
     def capacity(variant: ModelShape, dtype: str) -> dict[str, Any]:
-        per_token = variant.bytes_per_token(dtype)
+        request = per_request(variant, dtype)
         if budget is None:
             figures = {
-                "kv_bytes_per_token": per_token,
-                "kv_bytes_per_request": per_token * avg_tokens,
+                "kv_bytes_per_token": variant.bytes_per_token(dtype),
+                "kv_bytes_per_request": request,
             }
         else:
-            figures = asdict(kv_capacity(budget.kv_bytes, per_token, avg_tokens, max_len))
+            figures = asdict(
+                shape_capacity(variant, budget.kv_bytes, dtype, request, max_len, state_dtype)
+            )
         return plain_dict(figures)
+
+    def groups(dtype: str) -> list[dict[str, Any]]:
+        """Each layer group's bytes per held token and per request, and its share."""
+        total = per_request(shape, dtype)
+        rows = []
+        for g in shape.groups:
+            one = ModelShape(shape.name, g.layers, shape.q_heads, shape.kv_heads, shape.head_dim,
+                             groups=(g,))  # fmt: skip
+            request = per_request(one, dtype)
+            rows.append(
+                {
+                    "kind": g.kind,
+                    "label": g.label,
+                    "layers": g.layers,
+                    "window": g.window,
+                    "kv_bytes_per_token": g.bytes_per_token(dtype),
+                    "state_bytes_per_request": g.state_bytes(dtype, state_dtype),
+                    "kv_bytes_per_request": request,
+                    "share_of_request": request / total if total else None,
+                }  # fmt: skip
+            )
+        return rows
 
     report: dict[str, Any] = {
         "units": "bytes; GiB = 2^30 bytes",
@@ -171,10 +209,15 @@ def sizing_report(args: argparse.Namespace) -> dict[str, Any]:
         "avg_tokens_per_request": avg_tokens,
         **({"max_model_len": max_len} if budget else {}),
         **capacity(shape, kv_dtype),
+        "state_dtype": state_dtype,
+        "groups": groups(kv_dtype),
+        # MHA/GQA/MQA compare K and V per head: nothing to compare in MLA or state layers.
         "by_kv_heads": {
             label: {"kv_heads": variant.kv_heads, **capacity(variant, kv_dtype)}
             for label, variant in shape.kv_head_variants().items()
-        },
+        }
+        if any(g.kind in ("full", *WINDOWED) for g in shape.groups)
+        else {},
         "by_kv_dtype": {name: capacity(shape, name) for name in KV_DTYPES},
     }
     if args.seq_len is not None:
@@ -182,7 +225,7 @@ def sizing_report(args: argparse.Namespace) -> dict[str, Any]:
         report |= {
             "seq_len": args.seq_len,
             "batch": batch,
-            "kv_bytes_total": shape.bytes_per_token(kv_dtype) * args.seq_len * batch,
+            "kv_bytes_total": shape.request_bytes(args.seq_len, kv_dtype, state_dtype) * batch,
         }
     return plain_dict(report)
 
@@ -225,10 +268,15 @@ def _params(n: int) -> str:
 def _print_sizing(r: dict[str, Any]) -> None:
     m = r["model"]
     params = f", {_params(m['params'])} params" if m["params"] else ""
-    print(
-        f"{m['name']}: {m['layers']} layers, {m['q_heads']} query heads, {m['kv_heads']} KV heads, "
-        f"head_dim {m['head_dim']}{params}"
-    )
+    forms = r["groups"]
+    if len(forms) == 1 and forms[0]["kind"] == "full":
+        layout = (
+            f"{m['layers']} layers, {m['q_heads']} query heads, {m['kv_heads']} KV heads, "
+            f"head_dim {m['head_dim']}"
+        )
+    else:
+        layout = f"{m['layers']} layers: " + ", ".join(f"{g['layers']} {g['label']}" for g in forms)
+    print(f"{m['name']}: {layout}{params}")
     budget = "kv_budget_bytes" in r
     where = f"{r['device'] or 'device'} ({r['memory_bytes'] / GIB:g} GiB), " if budget else ""
     lengths = (
@@ -273,6 +321,19 @@ def _print_sizing(r: dict[str, Any]) -> None:
             ]
         )
     print(format_table(kv, ["KV cache", "", ""]) + "\n")
+    if len(r["groups"]) > 1 or r["groups"][0]["kind"] != "full":
+        rows = [
+            [
+                g["label"],
+                str(g["layers"]),
+                count_text(g["kv_bytes_per_token"]),
+                human_bytes(g["kv_bytes_per_request"]),
+                f"{g['share_of_request']:.1%}" if g["share_of_request"] is not None else "",
+            ]
+            for g in r["groups"]
+        ]
+        print(format_table(rows, ["layers by form", "layers", "bytes/token", "per request",
+                                  "share"]) + "\n")  # fmt: skip
     figures = ["kv_bytes_per_token", "kv_bytes_per_request"]
     columns = ["bytes/token", "bytes/request"]
     if budget:
@@ -288,7 +349,8 @@ def _print_sizing(r: dict[str, Any]) -> None:
         return [label, *extra, *(count_text(c[f]) for f in figures)]
 
     heads = [row(k, c, str(c["kv_heads"])) for k, c in r["by_kv_heads"].items()]
-    print(format_table(heads, ["attention", "KV heads", *columns]) + "\n")
+    if heads:
+        print(format_table(heads, ["attention", "KV heads", *columns]) + "\n")
     dtypes = [row(k, c) for k, c in r["by_kv_dtype"].items()]
     print(format_table(dtypes, ["KV dtype", *columns]))
     if not budget:

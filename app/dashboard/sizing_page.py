@@ -17,11 +17,14 @@ from kvscope.app.cliff import cliff_figure, cliff_report
 from kvscope.app.dashboard import figures, parts
 from kvscope.app.dashboard.figures import FONT, Tile
 from kvscope.app.dashboard.live import Reads
+from kvscope.engine.attention_presets import SIZING_PRESETS
 from kvscope.engine.errors import KvscopeError
 from kvscope.engine.presets import DEVICES, MODELS
 from kvscope.engine.sizing import KV_DTYPES
 
 PAGE = ("sizing", "Sizing", "/sizing")
+# The engine's presets, then the models it only sizes (sliding, chunked, MLA, state).
+PRESETS = [*MODELS, *SIZING_PRESETS]
 DEFAULTS = {"model": "llama3-8b", "device": "h100-80", "kv_dtype": "fp8_e4m3", "resident": 25}
 
 
@@ -33,7 +36,7 @@ def cliff(model: str, device: str, kv_dtype: str, resident_pct: float | None) ->
     # A cleared control sends None: say which one, as the CLI would (its parser raises
     # KvscopeError, never exits: a callback must not end the dashboard's server).
     for name, value, choices in (
-        ("model", model, MODELS),
+        ("model", model, PRESETS),
         ("device", device, DEVICES),
         ("KV dtype", kv_dtype, KV_DTYPES),
     ):
@@ -109,7 +112,7 @@ def layout() -> list:
                 html.Div(
                     className="control-row",
                     children=[
-                        _dropdown("model", list(MODELS), DEFAULTS["model"]),
+                        _dropdown("model", PRESETS, DEFAULTS["model"]),
                         _dropdown("device", list(DEVICES), DEFAULTS["device"]),
                         _dropdown(
                             "kv_dtype",
