@@ -73,6 +73,26 @@ def fixed_kv_budget(config: dict) -> int | None:
     return int(fixed) if fixed else None
 
 
+# Where a fixed KV budget came from, as ``kvscope run`` records it (kv_budget_source).
+USER_BUDGET = "--kv-budget"
+GROWN_BUDGET = "grown"  # to fit the workload's longest requests
+DEFAULT_BUDGET = "default"  # kvscope run's own, which the workload fitted
+
+
+def kv_budget_source(config: dict) -> str:
+    """How a fixed KV budget was chosen, in words for a heading; recordings from before
+    the source was kept say what their flags say."""
+    source = config.get("kv_budget_source")
+    if source is None:
+        source = GROWN_BUDGET if config.get("kv_budget_sized_to_workload") else USER_BUDGET
+    if source == GROWN_BUDGET:
+        longest = config.get("kv_budget_fit_requests", 2)
+        return f"grown to fit {longest} of the workload's longest requests"
+    if source == DEFAULT_BUDGET:
+        return "kvscope run's default, which the workload fits"
+    return "by --kv-budget"
+
+
 def budget_title(budget: MeasuredBudget, config: dict) -> str:
     """The heading every front end puts over a run's memory budget."""
     device = f"{budget.device_bytes / 2**30:,.1f} GiB"
@@ -80,7 +100,8 @@ def budget_title(budget: MeasuredBudget, config: dict) -> str:
     if fixed is not None:
         return (
             f"Memory budget on {budget.device}: KV cache fixed at {fixed / 2**20:,.0f} MiB "
-            f"by --kv-budget (device {device}; calc's prediction is for --memory-fraction)"
+            f"{kv_budget_source(config)} (device {device}; calc's prediction is for "
+            "--memory-fraction)"
         )
     return f"Memory budget on {budget.device} ({budget.memory_fraction:.0%} of {device})"
 

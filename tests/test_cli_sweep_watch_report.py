@@ -188,6 +188,11 @@ def test_report_checks_its_output_before_building(capsys, tmp_path, two_runs, mo
     base = ["report", str(two_runs), "--run", "1"]
     refused(capsys, [*base, "-o", str(tmp_path)], "it is a directory")
     refused(capsys, [*base, "-o", str(tmp_path / "file" / "r.html")], "is a file, not a directory")
+    # A mistyped directory is refused, not made (the whole tree had been, silently).
+    missing = tmp_path / "no" / "such" / "dir" / "r.html"
+    refused(capsys, [*base, "-o", str(missing)], f"no directory {missing.parent}")
+    refused(capsys, [*base, "--format", "csv", "-o", str(missing.parent / "csv")], "no directory")
+    assert not (tmp_path / "no").exists()
     if Path("/dev/full").exists():
         refused(capsys, [*base, "--format", "json", "-o", "/dev/full"], "cannot write /dev/full")
 

@@ -121,6 +121,7 @@ def test_builtin_workload_gets_a_budget_that_fits_its_longest_request(tmp_path):
     assert summary["prefix_hit_tokens"] > 0
     [run] = queries.list_runs(db)
     assert run.config["kv_budget_sized_to_workload"] is True
+    assert run.config["kv_budget_source"] == "grown"  # the heading names it, not --kv-budget
     assert run.config["kv_budget_bytes"] > 24 << 20
     # two of the longest requests fit at once, in whole pages
     with sqlite3.connect(db) as conn:

@@ -38,6 +38,15 @@ def test_a_fixed_kv_budget_is_not_compared_with_calc(tmp_path):
     with reader(tmp_path / "fixed.db") as db:
         page = build_html(db, run_id)
     assert "KV cache fixed at" in page and "measured / predicted" not in page
+    # A budget kvscope run grew to fit the workload is named so, not as --kv-budget's
+    # (every run of make run had said "fixed at 25 MiB by --kv-budget", given no flag).
+    grown = fixed | {"kv_budget_source": "grown", "kv_budget_fit_requests": 2}
+    title = budget_title(budget, grown)
+    assert "grown to fit 2 of the workload's longest requests" in title
+    assert "--kv-budget (" not in title and "by --kv-budget" not in title
+    assert "KV grown to fit the workload" in budget_text(budget, grown).plain
+    default = fixed | {"kv_budget_source": "default"}
+    assert "kvscope run's default" in budget_title(budget, default)
     sized = {"kv_budget_bytes": None, "memory_fraction": 0.9}
     assert "(90% of" in budget_title(budget, sized)
     assert "measured / predicted" in budget_tiles(budget, sized)[-1].detail

@@ -106,9 +106,7 @@ def run(args: argparse.Namespace) -> int:
             elif args.format == "json":
                 write_json(db, run_id, out)
             else:
-                text = _page(db, run_id, args.format)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(text)
+                out.write_text(_page(db, run_id, args.format))
         except OSError as exc:
             # A write that fails once the file is open (a full disk, /dev/full) had been
             # only its reason for json and mooncake ("No space left on device").
@@ -133,8 +131,9 @@ def _page(db: Database, run_id: int, fmt: str) -> str:
 def check_output(out: Path, fmt: str, database: Path) -> None:
     """Refuse an output path that cannot be written before the report is built: a
     directory where a file goes (or a file where csv's directory goes), a path
-    under a file, or the database being reported (or its WAL files): ``-o run.db``
-    had written the report over the recording and then died on a malformed database."""
+    under a file or in a directory that does not exist, or the database being
+    reported (or its WAL files: ``-o run.db`` had written the report over the
+    recording and then died on a malformed database)."""
     real = database.resolve()  # SQLite names its side files after the file a link leads to
     own = {real, *(real.with_name(real.name + side) for side in SIDE)}
     if out.resolve() in own or (out.exists() and out.samefile(real)):  # a hard link
@@ -150,7 +149,10 @@ def check_output(out: Path, fmt: str, database: Path) -> None:
         if parent.exists():
             if not parent.is_dir():
                 raise KvscopeError(f"cannot write {out}: {parent} is a file, not a directory")
-            return
+            break
+    # A mistyped directory had been made, whole tree and all, without a word.
+    if not out.parent.is_dir():
+        raise KvscopeError(f"cannot write {out}: no directory {out.parent} (make it first)")
 
 
 def _check_kind(kind: str, run_id: int, fmt: str) -> None:

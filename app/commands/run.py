@@ -106,6 +106,7 @@ def _config_record(args: argparse.Namespace, engine) -> dict:
         kv_bytes_per_token=engine.bytes_per_token,
         params=engine.model_config.num_params, pages=engine.num_pages,
         kv_budget_sized_to_workload=args.kv_budget_sized,
+        kv_budget_source=args.kv_budget_source, kv_budget_fit_requests=FIT_LONGEST,
     )  # fmt: skip
     return record
 
@@ -155,8 +156,13 @@ def _engine_for(args: argparse.Namespace, config: EngineConfig, fit: bool, items
             f"{context:,} tokens; they stop at it",
             file=sys.stderr,
         )
+    from kvscope.db.memory_budget import DEFAULT_BUDGET, GROWN_BUDGET, USER_BUDGET
+
     needed = workload_kv_bytes(engine, items) if fit else 0
     args.kv_budget_sized = needed > engine.kv_budget_bytes
+    args.kv_budget_source = (
+        GROWN_BUDGET if args.kv_budget_sized else DEFAULT_BUDGET if fit else USER_BUDGET
+    )
     if args.kv_budget_sized:
         print(
             f"[kvscope] KV budget {engine.kv_budget_bytes / 2**20:.0f} MiB -> {needed / 2**20:.0f} MiB: "

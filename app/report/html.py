@@ -27,6 +27,7 @@ from kvscope.db.queries import (
     gpu_series,
     kernel_stats,
     page_maps,
+    requests_table,
     run_info,
     run_summary,
     step_series,
@@ -121,6 +122,43 @@ def _rows_table(rows: list[dict]) -> str:
     return f'<table class="rows"><tr>{head}</tr>{body}</table>'
 
 
+REQUEST_ROWS = 2000  # the page's table; csv has every request
+
+
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 3) -> str:
+    return "" if value is None else f"{value * scale:.{digits}f}"
+
+
+def _requests(db: Database, run_id: int) -> str:
+    """One row per request: when it came and waited, TTFT, TPOT, tokens, prefix hits,
+    preemptions and how it ended (the first ``REQUEST_ROWS``)."""
+    rows = requests_table(db, run_id)
+    shown = [
+        {
+            "request": r.request_id,
+            "status": r.status,
+            "arrival s": _fmt(r.arrival_s),
+            "queue s": _fmt(r.queue_s),
+            "TTFT s": _fmt(r.ttft_s),
+            "TPOT ms": _fmt(r.tpot_s, 1e3, 2),
+            "e2e s": _fmt(r.e2e_s),
+            "prompt": r.prompt_tokens,
+            "output": r.output_tokens,
+            "cached": r.cached_tokens,
+            "preempted": r.preemptions,
+            "finish": r.finish_reason or r.rejected_reason or "",
+        }
+        for r in rows[:REQUEST_ROWS]
+    ]
+    more = (
+        f"<p>The first {REQUEST_ROWS:,} of {len(rows):,}; <code>kvscope report --format csv"
+        "</code> has every request.</p>"
+        if len(rows) > REQUEST_ROWS
+        else ""
+    )
+    return f'<section class="card"><h3>Requests</h3>{_rows_table(shown)}{more}</section>'
+
+
 def _budget(db: Database, run_id: int) -> str:
     """The measured memory budget next to calc's prediction; nothing for runs without one."""
     budget = measured_budget(db, run_id)
@@ -176,6 +214,7 @@ def build_html(db: Database, run_id: int) -> str:
             f'<section class="tiles">{_tiles(figures.summary_tiles(run_summary(db, run_id)))}'
             f"</section>{_budget(db, run_id)}"
         )
+    requests = "" if watched else _requests(db, run_id)
     title = f"kvscope run #{run_id}"
     subtitle = " · ".join(
         html.escape(str(part))
@@ -213,6 +252,7 @@ table.rows th, table.rows td {{ text-align: left; padding: 4px 10px; border-bott
 <main class="page">
 {summary}
 <section class="grid">{charts}</section>
+{requests}
 <section class="card"><h3>Configuration</h3><table class="config">{_config_rows(info.config)}</table></section>
 </main>
 </body>

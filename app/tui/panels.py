@@ -8,6 +8,7 @@ Rows are "label  value  sparkline": the sparkline takes whatever width is left.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from rich.console import RenderableType
@@ -21,7 +22,12 @@ from kvscope.app.tui.data import View
 from kvscope.db import formulas
 from kvscope.db.events import CHURN_KINDS
 from kvscope.db.kernels import device_peaks
-from kvscope.db.memory_budget import MeasuredBudget, fixed_kv_budget
+from kvscope.db.memory_budget import (
+    DEFAULT_BUDGET,
+    GROWN_BUDGET,
+    MeasuredBudget,
+    fixed_kv_budget,
+)
 
 LABEL_STYLE = "#8c9bb0"
 VALUE_STYLE = "bold #e5e9f0"
@@ -193,6 +199,13 @@ def kernels_table(view: View) -> RenderableType:
     return table
 
 
+# The budget's source in a few words, for the TUI's one line.
+KV_SOURCE_SHORT = defaultdict(
+    lambda: "fixed by --kv-budget",
+    {GROWN_BUDGET: "grown to fit the workload", DEFAULT_BUDGET: "run's default"},
+)
+
+
 def budget_text(budget: MeasuredBudget, config: dict | None = None) -> Text:
     """The measured memory budget's four terms (weights, activations, framework
     overhead, KV cache) and calc's KV prediction, on one line; a KV cache fixed by
@@ -208,7 +221,7 @@ def budget_text(budget: MeasuredBudget, config: dict | None = None) -> Text:
         text.append(f"{label} ", LABEL_STYLE)
         text.append(f"{fmt.size(n)} ", VALUE_STYLE)
     if fixed_kv_budget(config or {}) is not None:
-        text.append("KV fixed by --kv-budget", NOTE_STYLE)
+        text.append(f"KV {KV_SOURCE_SHORT[(config or {}).get('kv_budget_source')]}", NOTE_STYLE)
     else:
         text.append(f"calc {fmt.size(budget.predicted_kv_bytes)}", NOTE_STYLE)
     return text

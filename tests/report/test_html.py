@@ -52,6 +52,22 @@ def test_opens_offline_and_draws_every_chart(browser, html_report, synthetic_db)
     context.close()
 
 
+def test_the_page_lists_every_request_with_its_figures(html_report, synthetic_db):
+    """A per-request table: one row a request, with what the requests table says."""
+    import re
+
+    from kvscope.db.queries import requests_table
+
+    path, run_id, _ = synthetic_db
+    rows = requests_table(path, run_id)
+    text = html_report.read_text()
+    table = text[text.index("<h3>Requests</h3>") :].split("</table>")[0]
+    assert len(re.findall("<tr>", table)) == 1 + len(rows) == 61  # the header, 60 requests
+    first = rows[0]
+    assert f"<td>{first.request_id}</td><td>{first.status}</td>" in table
+    assert f"<td>{first.ttft_s:.3f}</td>" in table and f"<td>{first.prompt_tokens}</td>" in table
+
+
 def test_unknown_run_and_missing_database_are_one_line(synthetic_db, tmp_path, capsys):
     path, _, _ = synthetic_db
     assert main(["report", str(path), "--run", "999"]) == 2
