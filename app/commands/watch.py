@@ -165,9 +165,9 @@ def _specs(args: argparse.Namespace) -> list:
         groups.append((f"--server-info {url}", discover(url)))
     _check_distinct(groups)
     specs = [spec for _, group in groups for spec in group]
-    if not specs:
-        raise KvscopeError("nothing to watch: give --source, --listen or --server-info")
-    return specs
+    if not specs and not args.metrics:
+        raise KvscopeError("nothing to watch: give --source, --listen, --server-info or --metrics")
+    return specs  # none: a scrape-only watch of --metrics
 
 
 def _check_distinct(groups: list) -> None:
@@ -355,10 +355,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not args.json:
             resumed = " (resumed)" if session.recorder.resumed else ""
+            what = (
+                f"{len(specs)} source(s)"
+                if specs
+                else f"scraping {len(args.metrics)} /metrics URL(s), no event source"
+            )
             print(
-                f"kvscope watch: run {session.run_id}{resumed}, {len(specs)} source(s); "
-                "Ctrl-C to stop",
-                flush=True,
+                f"kvscope watch: run {session.run_id}{resumed}, {what}; Ctrl-C to stop", flush=True
             )
         while duration_s is None or time.monotonic() - started < duration_s:
             left = 1.0 if duration_s is None else duration_s - (time.monotonic() - started)

@@ -78,6 +78,8 @@ class WatchSession:
         freeze_gc: bool = False,
         writer_process: bool | None = None,
     ) -> None:
+        if not specs and not metrics_urls:
+            raise KvscopeError("nothing to watch: no event source and no /metrics URL")
         # freeze_gc: this process is the watch's own (kvscope watch); its writer then
         # runs in a child process unless writer_process says otherwise.
         self.recorder = WatchRecorder(

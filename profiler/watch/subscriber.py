@@ -113,8 +113,7 @@ class Subscriber:
     """Streams from ``specs`` into ``sink`` on a background thread until ``stop()``."""
 
     def __init__(self, specs: list[SourceSpec], sink: Sink) -> None:
-        if not specs:
-            raise KvscopeError("nothing to watch: give at least one --source or --listen")
+        """No ``specs``: nothing to read (a scrape-only watch), and no thread started."""
         self._specs = specs
         self._sink = sink
         self._ctx = zmq.Context()
@@ -180,6 +179,8 @@ class Subscriber:
     # --- the thread -------------------------------------------------------------
 
     def start(self) -> None:
+        if not self._sockets:
+            return
         self._thread = threading.Thread(target=self._run, name="kvscope-watch-sub", daemon=True)
         self._thread.start()
 

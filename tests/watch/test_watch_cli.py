@@ -107,7 +107,7 @@ def test_sigterm_to_the_group_stops_like_ctrl_c(tmp_path: Path, publishers) -> N
         (["--source", "tcp://h:1", "--metrics", "http://:9000/metrics"], "names no host"),
         (["--source", "tcp://h:1", "--metrics", "http://h:99999/metrics"], "out of range"),
         (["--source", "tcp://h:1", "--metrics", "http://h:x/metrics"], "integer"),
-        ([], "nothing to watch"),
+        ([], "give --source, --listen, --server-info or --metrics"),
         (["--source", "tcp://h:1", "--duration", "0"], "--duration '0' must be a positive"),
         (["--source", "tcp://h:1", "--dp-size", "0"], "at least 1"),
         (["--source", "tcp://h:1", "--keep-raw", "0"], "positive, finite duration"),
@@ -242,3 +242,45 @@ def test_a_source_never_reached_is_one_warning_line(tmp_path: Path, publishers, 
     err = capsys.readouterr().err
     assert err.startswith(f"kvscope: warning: never connected to {nobody}: ")
     assert err.count("\n") == 1 and idle not in err
+
+
+def test_a_metrics_only_watch_scrapes_and_records(tmp_path: Path, capsys) -> None:
+    """Scraping /metrics alone is a real use (no KV events published): a watch of
+    --metrics only records its samples, with no event source, and ends complete."""
+    scrapes = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            scrapes.append(1)
+            n = len(scrapes)
+            body = (
+                "# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{engine="0",model_name="m"}} {n}\n'
+            ).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    db = tmp_path / "w.db"
+    try:
+        code = main(["watch", str(db), "--metrics", url, "--scrape-interval", "0.1",
+                     "--duration", "1.2"])  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "scraping 1 /metrics URL(s), no event source" in out
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT status, model FROM runs").fetchall() == [("complete", "m")]
+    assert conn.execute("SELECT kind, endpoint FROM watch_sources").fetchall() == [("metrics", url)]
+    values = [v for (v,) in conn.execute("SELECT value FROM watch_metrics WHERE name = "
+                                         "'vllm:num_requests_running' ORDER BY ts_ns")]  # fmt: skip
+    conn.close()
+    assert len(values) >= 5 and values == sorted(values)
