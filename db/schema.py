@@ -21,7 +21,9 @@ COMPLETE = "complete"
 INTERRUPTED = "interrupted"
 FAILED = "failed"
 INCOMPLETE = "incomplete"
-FINAL_STATUSES = (COMPLETE, INTERRUPTED, FAILED)
+# A watch that recorded, though some of its sources never connected.
+PARTIAL = "partial"
+FINAL_STATUSES = (COMPLETE, INTERRUPTED, FAILED, PARTIAL)
 
 
 # Column orders of the typed tables after ``run_id``: the fields of the engine

@@ -260,6 +260,9 @@ def _line(status, rate: float | None = None) -> str:
         parts.append(f"scrape errors {status.scrape_errors}{failing}")
     if status.queued:
         parts.append(f"queue {status.queued:,} batches, lag {status.lag_s:.1f} s")
+    if status.connecting:
+        more = f" and {status.connecting - 1} more" if status.connecting > 1 else ""
+        parts.append(f"connecting to {status.connecting_to[0]}{more}")
     return "  ".join(parts)
 
 
@@ -303,25 +306,36 @@ def _on_sigterm():
     return signal.signal(signal.SIGTERM, _terminate)
 
 
-def _warn_unconnected(streams: list) -> None:
-    """One warning line for the sources this watch never reached: ZMQ retries a
-    connection quietly, so a typo'd host or port, or an engine without KV events on,
-    had looked like an idle engine (exit 0, a complete run of nothing)."""
-    never = [s.spec.endpoint for s in streams if not (s.spec.listen or s.connects or s.batches)]
-    if not never:
-        return
+def _unreached_text(never: list[str]) -> str:
     which = never[0] if len(never) == 1 else f"{len(never)} sources ({never[0]}, ...)"
-    print(
-        f"kvscope: warning: never connected to {which}: is an engine publishing KV events "
-        "there (vLLM --kv-events-config, SGLang --kv-events-config)?",
-        file=sys.stderr,
+    return (
+        f"never connected to {which}: is an engine publishing KV events there (vLLM "
+        "--kv-events-config, SGLang --kv-events-config)?"
     )
+
+
+def _ending(session, final: str, metrics: bool) -> tuple[str, str | None]:
+    """The run's status once stopped, and why it failed: ZMQ retries a connection
+    quietly, so a typo'd host or port, or an engine without KV events on, had looked
+    like an idle engine (a complete run of nothing). A watch that reached none of its
+    sources (and scraped nothing) failed; one that missed some is partial."""
+    from kvscope.db.schema import COMPLETE, FAILED, PARTIAL
+    from kvscope.profiler.watch.session import unreached
+
+    streams = session.subscriber.streams
+    never = unreached(streams)
+    if final != COMPLETE or not never:
+        return final, None
+    reached = [s for s in streams if s.spec.endpoint not in never]
+    if not reached and not metrics:
+        return FAILED, _unreached_text(never)
+    return PARTIAL, None
 
 
 def run(args: argparse.Namespace) -> int:
     from kvscope.db.schema import COMPLETE, FAILED, INTERRUPTED
     from kvscope.db.store import default_db_path
-    from kvscope.profiler.watch.session import WatchSession
+    from kvscope.profiler.watch.session import WatchSession, unreached
 
     for url in args.metrics:
         _check_url(url, "--metrics")
@@ -390,6 +404,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
+    final, unreachable = _ending(session, final, bool(args.metrics))
     status = _stop(session, final)
     if final != FAILED and session.error is not None:
         final = FAILED  # the last write failed: the run is marked failed, not what was asked
@@ -398,7 +413,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         print(("\n" if tty else "") + f"run {session.run_id} {final}: " + _line(status))
-    _warn_unconnected(session.subscriber.streams)
+    if unreachable is not None:
+        raise KvscopeError(f"watch failed: {unreachable}")
+    if status.connecting:
+        never = unreached(session.subscriber.streams)
+        print(f"kvscope: warning: {_unreached_text(never)}", file=sys.stderr)
     if final == FAILED:
         raise KvscopeError(f"watch stopped: {session.error}")
     if final == INTERRUPTED:

@@ -16,6 +16,7 @@ STATUS_STYLES = {
     "running": "bold #59a14f",
     "complete": "#8c9bb0",
     "interrupted": "#edc948",
+    "partial": "#edc948",
     "failed": "#e15759",
     "incomplete": "#e15759",
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvscope.db.schema import COMPLETE, FAILED
@@ -38,9 +38,18 @@ class WatchStatus:
     scrape_error: str | None = None  # the latest, while a /metrics target is failing
     bad_message: str | None = None  # the latest bad message's reason
     lag_s: float = 0.0  # age of the oldest batch waiting to be written
+    # sources this watch connects to that it has not reached yet (ZMQ retries quietly),
+    # and the first few of their endpoints
+    connecting: int = 0
+    connecting_to: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def unreached(streams: list) -> list[str]:
+    """Endpoints connected to (not listened on) that have neither connected nor sent."""
+    return [s.spec.endpoint for s in streams if not (s.spec.listen or s.connects or s.batches)]
 
 
 def source_count(streams: list) -> int:
@@ -119,6 +128,7 @@ class WatchSession:
 
     def status(self) -> WatchStatus:
         streams = self.subscriber.streams
+        never = unreached(streams)
         return WatchStatus(
             sources=source_count(streams),
             batches=sum(s.batches for s in streams),
@@ -137,6 +147,8 @@ class WatchSession:
             scrape_error=self.scraper.last_error,
             bad_message=self.recorder.last_bad_message,
             lag_s=self.recorder.lag_s,
+            connecting=len(never),
+            connecting_to=never[:3],
         )
 
     def stop(self, status: str = COMPLETE) -> WatchStatus:
