@@ -133,8 +133,8 @@ def engine_metrics_figure(series: q.EngineSeries) -> go.Figure:
         rows=2,
         cols=2,
         subplot_titles=(
-            f"KV usage ({series.usage_level})",
-            "prefix hit rate (from counters)",
+            f"KV cache used (% of its {series.usage_level})",
+            "prefix hit rate (%, from counters)",
             "requests",
             "mean latency (s)",
         ),
@@ -146,13 +146,18 @@ def engine_metrics_figure(series: q.EngineSeries) -> go.Figure:
         uirevision="watch",
     )
 
-    def line(points: Sequence[q.MetricPoint], name: str, row: int, col: int) -> None:
+    def line(points: Sequence[q.MetricPoint], name: str, row: int, col: int,
+             scale: float = 1.0) -> None:  # fmt: skip
         fig.add_scatter(
-            x=[p.t_s for p in points], y=[p.value for p in points], name=name, row=row, col=col
-        )
+            x=[p.t_s for p in points], y=[p.value * scale for p in points], name=name, row=row,
+            col=col,
+        )  # fmt: skip
 
-    line(series.usage, "usage", 1, 1)
-    line(series.hit_rate, "hit rate", 1, 2)
+    # Both are shares (vLLM's kv_cache_usage_perc is 0-1, despite its name): in percent.
+    line(series.usage, "used", 1, 1, 100.0)
+    line(series.hit_rate, "hit rate", 1, 2, 100.0)
+    fig.update_yaxes(range=[0, 100], row=1, col=1)
+    fig.update_yaxes(range=[0, 100], row=1, col=2)
     line(series.running, "running", 2, 1)
     line(series.waiting, "waiting", 2, 1)
     line(series.ttft_mean_s, "TTFT", 2, 2)
@@ -264,7 +269,7 @@ def incident_rows(incidents: Sequence[q.Incident], limit: int = 200) -> list[dic
             "t (s)": round(i.t_s, 3),
             "source": i.source,
             "kind": i.kind,
-            "seqs": "" if i.first_seq is None else f"{i.first_seq}-{i.last_seq}",
+            "seqs": q.seq_range(i.first_seq, i.last_seq),
             "recovered": i.recovered,
             "lost": i.lost,
             "detail": i.detail or "",

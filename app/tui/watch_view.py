@@ -128,7 +128,7 @@ def incidents_text(incidents: Sequence[q.Incident], limit: int = 8) -> Text:
     """The newest incidents, losses in red."""
     text = Text()
     for i in list(reversed(incidents))[:limit]:
-        seqs = "" if i.first_seq is None else f" seq {i.first_seq}-{i.last_seq}"
+        seqs = "" if i.first_seq is None else f" seq {q.seq_range(i.first_seq, i.last_seq)}"
         style = "bold red" if i.lost or i.kind == "restart" else ""
         text.append(f"{i.t_s:9.2f}s  source {i.source}  {i.kind}{seqs}", style=style)
         if i.lost or i.recovered:

@@ -40,7 +40,7 @@ from kvscope.db.watch_read.blocks import (  # noqa: F401
     prefix_tree,
     tree_summary,
 )
-from kvscope.db.watch_read.incidents import Incident, incidents, raw_events  # noqa: F401
+from kvscope.db.watch_read.incidents import Incident, incidents, raw_events, seq_range  # noqa: F401
 from kvscope.db.watch_read.metrics import (  # noqa: F401
     _LABEL,
     METRIC_NAMES,

@@ -49,3 +49,13 @@ def raw_events(source: Source, run_id: int, limit: int = 1000) -> list[dict[str,
             (run_id, limit),
         ).fetchall()
     return [{"source": s, "seq": q, "type": t, "payload": p} for s, q, t, p in rows]
+
+
+def seq_range(first: int | None, last: int | None) -> str:
+    """An incident's sequence numbers as a label: ``5-9``, ``5`` for one, ``after 5`` for an
+    open end (a resume continues after its last recorded batch: it had read "5-None")."""
+    if first is None:
+        return ""
+    if last is None:
+        return f"after {first}"
+    return str(first) if last == first else f"{first}-{last}"

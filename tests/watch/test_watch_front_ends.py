@@ -373,3 +373,30 @@ def test_zooming_a_time_graph_makes_its_range_the_window(tmp_path) -> None:
     inputs[0][0]["value"] = relayout
     response = _post(app, "watch-zoom.data", inputs, "watch-window.value")
     assert response.get_json()["response"] == {"watch-zoom": {"data": None}}
+
+
+def test_no_none_reaches_a_label_and_shares_plot_in_percent() -> None:
+    """A resume's incident is open-ended (it continues after its last recorded batch):
+    it had read "seq 1825-None"; vLLM's 0-1 usage share had been plotted as "KV usage
+    (blocks)" on an axis of 0-1."""
+    from kvscope.app.tui.watch_view import incidents_text
+
+    resumed = q.Incident(1.0, 0, "resumed", 1825, None, 0, 0, "watch started again")
+    gap = q.Incident(2.0, 0, "gap", 5, 9, 5, 0, None)
+    single = q.Incident(3.0, 0, "bad_message", 7, 7, 0, 0, "x")
+    lines = incidents_text([resumed, gap, single]).plain.splitlines()  # newest first
+    assert [line.strip().split("  ")[2] for line in lines] == [
+        "bad_message seq 7", "gap seq 5-9", "resumed seq after 1825",
+    ]  # fmt: skip
+    assert [r["seqs"] for r in watch_page.incident_rows([resumed, gap])] == ["5-9", "after 1825"]
+    point = q.MetricPoint(0.0, 0.42)
+    series = q.EngineSeries(3, "vllm", [point], "blocks", [], [], [], [point], [], [])
+    fig = watch_page.engine_metrics_figure(series)
+    titles = [a.text for a in fig.layout.annotations]
+    assert (
+        "KV cache used (% of its blocks)" in titles
+        and "prefix hit rate (%, from counters)" in titles
+    )
+    used, hits = fig.data[0], fig.data[1]
+    assert used.y == (42.0,) and hits.y == (42.0,)
+    assert tuple(fig.layout.yaxis.range) == (0, 100)
