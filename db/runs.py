@@ -45,6 +45,14 @@ class RunInfo:
     config: dict[str, Any]
     hardware: dict[str, Any]
     versions: dict[str, Any]
+    # A watch run's block events (one per hash stored or removed), as its live line and
+    # every view count them: its sources' counters summed; None for other kinds.
+    block_events: int | None = None
+
+    @property
+    def events(self) -> int:
+        """The events a run list shows: a watch's block events, else the events written."""
+        return self.events_written if self.block_events is None else self.block_events
 
     @property
     def subject(self) -> str | None:
@@ -133,13 +141,14 @@ _RUN_COLUMNS = """
     r.started_at, r.ended_at, r.events_written, r.dropped_events,
     r.config, r.hardware, r.versions,
     (SELECT COUNT(*) FROM requests q WHERE q.run_id = r.id),
-    (SELECT COUNT(*) FROM steps s WHERE s.run_id = r.id)
+    (SELECT COUNT(*) FROM steps s WHERE s.run_id = r.id),
+    (SELECT SUM(w.block_events) FROM watch_sources w WHERE w.run_id = r.id AND w.kind = 'events')
 """
 
 
 def _run_info(row: Sequence[Any]) -> RunInfo:
     (run_id, kind, model, status, heartbeat, pid, host, started_at, ended_at) = row[:9]
-    (events_written, dropped, config, hardware, versions, requests, steps) = row[9:]
+    (events_written, dropped, config, hardware, versions, requests, steps, blocks) = row[9:]
     end = ended_at if ended_at is not None else (heartbeat or started_at)
     config = stored_json(config, run_id, "config")
     if kind == "simulation" and not requests:  # simulated requests have no request rows
@@ -158,6 +167,7 @@ def _run_info(row: Sequence[Any]) -> RunInfo:
         config=config,
         hardware=stored_json(hardware, run_id, "hardware"),
         versions=stored_json(versions, run_id, "versions"),
+        block_events=(blocks or 0) if kind == "watch" else None,
     )
 
 

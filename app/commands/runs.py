@@ -1,7 +1,8 @@
 """``kvscope runs``: list the runs a database holds, newest first.
 
 A run whose status is still 'running' but whose writer is gone (killed,
-crashed) reads as 'incomplete'. ``--json`` prints one JSON array.
+crashed) reads as 'incomplete'. EVENTS is a watch's block events (as its live
+line counts them), another run's events written. ``--json`` prints one JSON array.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             f"{r.duration_s:.1f} s",
             str(r.requests),
             str(r.steps),
-            str(r.events_written),
+            str(r.events),
             str(r.dropped_events),
         )
         for r in runs

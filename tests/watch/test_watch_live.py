@@ -600,3 +600,32 @@ def test_a_watching_process_killed_mid_burst_leaves_its_run_failed_and_no_slots(
     assert stats.stored == 16 * written < 16 * 20_000  # the aggregates are the rows'
     if shm.is_dir():
         wait_until(lambda: set(shm.iterdir()) <= before, timeout_s=20)
+
+
+def test_every_front_end_counts_the_same_block_events(tmp_path: Path, publishers, capsys) -> None:
+    """The live line had said 111,274 block events where `kvscope runs` said 58,843
+    (rows written): one count, the sources' block events, everywhere."""
+    from kvscope.app.cli import main
+    from kvscope.app.commands.watch import _line
+    from kvscope.db.queries import list_runs
+    from kvscope.db.watch_snapshot import watch_snapshot
+
+    pub = publishers()
+    db = tmp_path / "w.db"
+    session = _session(db, expand_sources(pub.endpoint))
+    pub.wait_for_subscribers()
+    for k in range(20):
+        pub.publish([vllm_stored([100 * k + j for j in range(6)]), vllm_removed([100 * k])])
+    wait_until(lambda: session.status().batches == 20)
+    status = session.stop()
+    assert status.block_events == 20 * 7
+    (run,) = list_runs(db)
+    assert run.block_events == run.events == status.block_events != run.events_written
+    snap = watch_snapshot(db, run.run_id)
+    assert sum(s.block_events for s in snap.sources) == status.block_events
+    assert f"{status.block_events:,} block events" in _line(status)
+    assert main(["runs", str(db)]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    events = header.split().index("EVENTS")
+    # STARTED and DURATION are two words each
+    assert row.split()[events + 2] == str(status.block_events)
