@@ -197,14 +197,25 @@ def _percent(fraction: float | None) -> str:
     return "—" if fraction is None else f"{100 * fraction:.1f}%"
 
 
-def summary_tiles(summary: RunSummary) -> list[Tile]:
-    """The overview's headline figures, formatted (a dash where there is no data)."""
+NOT_MEASURED = "not measured: sequential replay"
+
+
+def summary_tiles(summary: RunSummary, config: dict | None = None) -> list[Tile]:
+    """The overview's headline figures, formatted (a dash where there is no data). A
+    sequential replay (``config``'s timing) runs one request at a time with no model:
+    its speed and latencies are the replay's own wall time, not a server's, and say so."""
     s = summary
-    rate = "—" if s.tokens_per_s is None else f"{s.tokens_per_s:,.1f}"
-    return [
+    timed = (config or {}).get("timing") != "sequential"
+    rate = "—" if s.tokens_per_s is None or not timed else f"{s.tokens_per_s:,.1f}"
+    speed = [
         Tile("output tokens/s", rate, f"{s.output_tokens:,} tokens in {s.elapsed_s:,.2f} s"),
         Tile("TTFT p50", _ms(s.ttft_p50_s), f"p99 {_ms(s.ttft_p99_s)}"),
         Tile("TPOT p50", _ms(s.tpot_p50_s), "per output token"),
+    ]
+    if not timed:
+        speed = [Tile(t.label, "—", NOT_MEASURED) for t in speed]
+    return [
+        *speed,
         Tile(
             "prefix hit rate",
             _percent(s.prefix_hit_rate),

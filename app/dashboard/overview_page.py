@@ -49,8 +49,9 @@ def register(app: Dash, reads: Reads) -> None:
         run_id = chosen_run(run_id)
         summary = reads.cached(run_summary, run_id, version)
         points = reads.cached(step_series, run_id, version, MAX_POINTS)
+        config = reads.cached(run_info, run_id, version).config
         return (
-            parts.tiles(figures.summary_tiles(summary)),
+            parts.tiles(figures.summary_tiles(summary, config)),
             live(figures.throughput_figure(points), run_id),
             live(figures.queue_figure(points), run_id),
         )

@@ -211,7 +211,7 @@ def build_html(db: Database, run_id: int) -> str:
         summary = _watch_tables(db, run_id, data)
     else:
         summary = (
-            f'<section class="tiles">{_tiles(figures.summary_tiles(run_summary(db, run_id)))}'
+            f'<section class="tiles">{_tiles(figures.summary_tiles(run_summary(db, run_id), info.config))}'
             f"</section>{_budget(db, run_id)}"
         )
     requests = "" if watched else _requests(db, run_id)

@@ -183,3 +183,17 @@ def test_empty_run_figures_say_why():
     empty = queries.EventCounts([], 0.0, {})
     assert _annotations(figures.event_counts_figure(empty))
     assert "choose runs to compare" in _annotations(figures.compare_figure({}, "hit_rate", "", ""))
+
+
+def test_a_sequential_replay_says_its_speed_was_not_measured(db, synthetic_db):
+    """A sequential replay runs one request at a time and no model: its "output
+    tokens/s" (251,861) and "TTFT p50 0.0 ms" had read as a server's."""
+    _, run_id, run = synthetic_db
+    summary = run_summary(db, run_id)
+    replayed = {t.label: t for t in figures.summary_tiles(summary, {"timing": "sequential"})}
+    measured = {t.label: t for t in figures.summary_tiles(summary, {"timing": "roofline"})}
+    for label in ("output tokens/s", "TTFT p50", "TPOT p50"):
+        assert (replayed[label].value, replayed[label].detail) == ("—", figures.NOT_MEASURED)
+        assert measured[label].value != "—"
+    assert replayed["evictions"] == measured["evictions"]  # what the cache did still shows
+    assert replayed["evictions"].value == str(run.truth.evicted_pages)
