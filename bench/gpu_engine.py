@@ -554,6 +554,7 @@ def recorded_run(report: Report, device: str, smoke: bool, out: Path) -> dict:
     from kvscope.app.commands.run import _config_record
     from kvscope.app.run_job import drive
     from kvscope.app.workloads import builtin
+    from kvscope.db.memory_budget import USER_BUDGET
     from kvscope.profiler.gpu_sampler import GpuSampler
     from kvscope.profiler.recorder import Recorder
 
@@ -581,6 +582,7 @@ def recorded_run(report: Report, device: str, smoke: bool, out: Path) -> dict:
         seed=0,
         ignore_eos=False,
         kv_budget_sized=False,
+        kv_budget_source=USER_BUDGET,  # fixed by this script in smoke mode, as --kv-budget would
     )
     recorder = Recorder(db, _config_record(workload, engine), model=engine.loaded.source)
     unsubscribe = engine.bus.subscribe(recorder.on_event)
