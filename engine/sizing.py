@@ -129,6 +129,12 @@ class ModelShape:
         """One layer's K (or V) width per token: D_model / GQA group size."""
         return self.kv_heads * self.head_dim
 
+    def growing_bytes_per_token(self, kv_dtype: str = "fp16") -> float:
+        """Bytes each further token of a long context costs: the groups that hold every
+        token (full, MLA); windows stop growing and states are fixed. What reloading a
+        long evicted prefix moves per token."""
+        return sum(g.bytes_per_token(kv_dtype) for g in self.groups if g.kind in ("full", "mla"))
+
     def bytes_per_token(self, kv_dtype: str = "fp16") -> float:
         """Bytes one token held by every group costs: the sum over the groups (a model
         of full-attention layers alone: 2 x kv_heads x head_dim x layers x bytes)."""

@@ -177,3 +177,27 @@ def test_a_group_must_hold_what_its_form_needs() -> None:
         LayerGroup("mla", 4)
     with pytest.raises(KvscopeError, match="layers, not 5"):
         ModelShape("x", 5, 8, 8, 64, groups=(LayerGroup("full", 4, 8, 64),))
+
+
+def test_offload_reloads_what_the_growing_layers_hold(capsys) -> None:
+    """Reloading a long evicted prefix of gpt-oss-120b moves its 18 full layers' K and V
+    per token (its sliding half holds 128 tokens): half the bytes, twice the ratio of
+    sizing every layer as full."""
+    base = ["calc", "offload", "--device", "h100-80", "--json"]
+    code, out, _ = run_cli(capsys, *base, "--preset", "gpt-oss-120b")
+    hybrid = json.loads(out)
+    code2, out2, _ = run_cli(
+        capsys, *base, "--layers", "36", "--q-heads", "64", "--kv-heads", "8", "--head-dim",
+        "64", "--params", "116830000000",
+    )  # fmt: skip
+    uniform = json.loads(out2)
+    assert code == code2 == 0
+    assert (
+        hybrid["kv_bytes_per_token"]
+        == 18 * kv_per_layer(8, 64)
+        == uniform["kv_bytes_per_token"] / 2
+    )
+    assert hybrid["recompute_over_load"] == pytest.approx(2 * uniform["recompute_over_load"])
+    assert sizing_preset("qwen3-next-80b-a3b").growing_bytes_per_token() == 12 * kv_per_layer(
+        2, 256
+    )

@@ -241,7 +241,9 @@ def offload_report(args: argparse.Namespace) -> dict[str, Any]:
     if pcie is None or tflops is None:
         raise KvscopeError("name a device (--device NAME) or give --pcie-gbps and --tflops")
     kv_dtype = args.kv_dtype or "fp16"
-    per_token = shape.bytes_per_token(kv_dtype)
+    # A long evicted prefix reloads what its full (or MLA) layers hold per token: a window
+    # layer holds its last W tokens only, a state layer no token at all.
+    per_token = shape.growing_bytes_per_token(kv_dtype)
     cost = reload_cost(shape.params, per_token, pcie, tflops)
     return plain_dict(
         {
