@@ -23,6 +23,8 @@ model card where the class's defaults are another size), and says so in
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvscope.engine.attention_forms import LayerGroup
 from kvscope.engine.errors import KvscopeError
 from kvscope.engine.presets import MODELS, model_preset
@@ -30,12 +32,10 @@ from kvscope.engine.sizing import ModelShape
 
 
 def _alternating(layers: int, every: int, local: LayerGroup, full: LayerGroup) -> tuple:
-    """``layers`` split as (i + 1) % every == 0 full, the others ``local``."""
+    """``layers`` split as (i + 1) % every == 0 full, the others ``local`` (the groups'
+    own layer counts are placeholders)."""
     n_full = layers // every
-    return (
-        LayerGroup(full.kind, n_full, full.kv_heads, full.head_dim, full.window),
-        LayerGroup(local.kind, layers - n_full, local.kv_heads, local.head_dim, local.window),
-    )
+    return replace(full, layers=n_full), replace(local, layers=layers - n_full)
 
 
 def gated_delta_net_state(k_heads: int, v_heads: int, k_dim: int, v_dim: int, conv: int) -> int:

@@ -216,7 +216,7 @@ class Engine:
             num_pages,
             config.page_size,
             self.bus,
-            host=(lambda: HostTier(self.storage.tensors, slots)) if needs_host else None,
+            host=HostTier(self.storage.tensors, slots) if needs_host else None,
             prefix_cache=config.prefix_cache and config.attention_mode == "full",
             eviction_policy=config.eviction_policy,
             should_offload=self._should_offload,

@@ -24,20 +24,19 @@ def build_kv_stack(
     page_size: int,
     bus: EventBus,
     *,
-    host: Callable[[], HostTier] | None = None,
+    host: HostTier | None = None,
     prefix_cache: bool = True,
     eviction_policy: str = "lru",
     should_offload: Callable[[], bool] = lambda: False,
 ) -> KVCacheManager:
     """A manager over a pool of ``num_pages`` pages of ``page_size`` tokens; ``host``
-    makes the host tier (offload, swap, InfLLM's distant blocks) where there is one;
+    is the host tier (offload, swap, InfLLM's distant blocks) where there is one;
     ``prefix_cache`` adds a radix cache evicting by ``eviction_policy`` that offloads
     what it evicts to the host tier while ``should_offload()`` says so."""
     pool = PagePool(num_pages, page_size)
-    tier = None if host is None else host()
     prefix = (
-        RadixCache(pool, bus, make_policy(eviction_policy), tier, should_offload=should_offload)
+        RadixCache(pool, bus, make_policy(eviction_policy), host, should_offload=should_offload)
         if prefix_cache
         else None
     )
-    return KVCacheManager(pool, bus, prefix=prefix, host=tier)
+    return KVCacheManager(pool, bus, prefix=prefix, host=host)

@@ -100,24 +100,30 @@ class ModelShape:
                           kv_dtype: str = "fp16", state_dtype: str | None = None,
                           residency: Residency | None = None) -> float:  # fmt: skip
         """Bytes a request holds on average over its life (it grows from ``input_tokens``
-        to their sum): each group's tokens averaged as it holds them (a window's at
-        most its window), plus the fixed states."""
+        to their sum), summed over the groups (``group_avg_request_bytes``)."""
+        return sum(self.group_avg_request_bytes(input_tokens, output_tokens, kv_dtype,
+                                                state_dtype, residency))  # fmt: skip
+
+    def group_avg_request_bytes(self, input_tokens: float, output_tokens: float,
+                                kv_dtype: str = "fp16", state_dtype: str | None = None,
+                                residency: Residency | None = None) -> list[float]:  # fmt: skip
+        """Each group's share of ``avg_request_bytes``: its tokens averaged as it holds
+        them (a window's at most its window, whatever the residency's share), or its
+        fixed state."""
         residency = FULL if residency is None else residency
-        total = 0.0
+        out = []
         for g in self.groups:
             if g.kind == "state":
-                total += g.state_bytes(kv_dtype, state_dtype)
+                out.append(g.state_bytes(kv_dtype, state_dtype))
                 continue
             held = residency
             if g.kind in WINDOWED:
                 cap = g.window if residency.tokens is None else min(g.window, residency.tokens)
-                held = Residency(
-                    tokens=cap, fraction=1.0 if residency.tokens is None else residency.fraction
-                )
-            total += g.bytes_per_token(kv_dtype) * avg_tokens_held(
-                input_tokens, output_tokens, held
+                held = Residency(tokens=cap)
+            out.append(
+                g.bytes_per_token(kv_dtype) * avg_tokens_held(input_tokens, output_tokens, held)
             )
-        return total
+        return out
 
     def longest_context(self, budget_bytes: float, kv_dtype: str = "fp16",
                         state_dtype: str | None = None) -> float:  # fmt: skip

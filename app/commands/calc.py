@@ -33,7 +33,7 @@ from kvscope.app.sizing_args import (
     positive,
     resolve_model,
 )
-from kvscope.engine.attention_forms import WINDOWED
+from kvscope.engine.attention_forms import WINDOWED, request_bytes
 from kvscope.engine.errors import KvscopeError
 from kvscope.engine.sizing import (
     KV_DTYPES,
@@ -178,12 +178,15 @@ def sizing_report(args: argparse.Namespace) -> dict[str, Any]:
 
     def groups(dtype: str) -> list[dict[str, Any]]:
         """Each layer group's bytes per held token and per request, and its share."""
-        total = per_request(shape, dtype)
+        if args.seq_len is not None:
+            requests = [request_bytes((g,), args.seq_len, dtype, state_dtype) for g in shape.groups]
+        else:
+            requests = shape.group_avg_request_bytes(
+                args.input_tokens, args.output_tokens, dtype, state_dtype
+            )
+        total = sum(requests)
         rows = []
-        for g in shape.groups:
-            one = ModelShape(shape.name, g.layers, shape.q_heads, shape.kv_heads, shape.head_dim,
-                             groups=(g,))  # fmt: skip
-            request = per_request(one, dtype)
+        for g, request in zip(shape.groups, requests, strict=True):
             rows.append(
                 {
                     "kind": g.kind,

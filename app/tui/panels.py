@@ -8,7 +8,6 @@ Rows are "label  value  sparkline": the sparkline takes whatever width is left.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from rich.console import RenderableType
@@ -199,11 +198,8 @@ def kernels_table(view: View) -> RenderableType:
     return table
 
 
-# The budget's source in a few words, for the TUI's one line.
-KV_SOURCE_SHORT = defaultdict(
-    lambda: "fixed by --kv-budget",
-    {GROWN_BUDGET: "grown to fit the workload", DEFAULT_BUDGET: "run's default"},
-)
+# The budget's source in a few words, for the TUI's one line (else: --kv-budget).
+KV_SOURCE_SHORT = {GROWN_BUDGET: "grown to fit", DEFAULT_BUDGET: "run's default"}
 
 
 def budget_text(budget: MeasuredBudget, config: dict | None = None) -> Text:
@@ -221,7 +217,8 @@ def budget_text(budget: MeasuredBudget, config: dict | None = None) -> Text:
         text.append(f"{label} ", LABEL_STYLE)
         text.append(f"{fmt.size(n)} ", VALUE_STYLE)
     if fixed_kv_budget(config or {}) is not None:
-        text.append(f"KV {KV_SOURCE_SHORT[(config or {}).get('kv_budget_source')]}", NOTE_STYLE)
+        source = (config or {}).get("kv_budget_source")
+        text.append(f"KV {KV_SOURCE_SHORT.get(source, 'fixed by --kv-budget')}", NOTE_STYLE)
     else:
         text.append(f"calc {fmt.size(budget.predicted_kv_bytes)}", NOTE_STYLE)
     return text

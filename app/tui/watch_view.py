@@ -183,7 +183,7 @@ def snapshot(source: q.Source, run_id: int, window_name: str | None = None) -> W
     """What the view shows for one of ``watch_read.WINDOWS`` (by name; None: the
     whole session): the views' one snapshot (``db.watch_snapshot``)."""
     name, window = q.named_window(source, run_id, window_name)
-    return watch_snapshot(source, run_id, window, name)
+    return watch_snapshot(source, run_id, window, name, series=False)  # it draws none
 
 
 def render(snap: WatchSnapshot) -> RenderableType:

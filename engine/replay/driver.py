@@ -163,7 +163,7 @@ class ReplayDriver:
             ps,
             self.bus,
             host=(
-                (lambda: SlotTier(slots, page_bytes / (device.pcie_gbps * 1e9)))
+                SlotTier(slots, page_bytes / (device.pcie_gbps * 1e9))
                 if cfg.offload != "never" or cfg.preemption == "swap"
                 else None
             ),

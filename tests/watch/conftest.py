@@ -1,9 +1,12 @@
-"""Fixtures for the watch tests: in-process publishers on loopback, and a
-hand-built recording whose every derived figure is known."""
+"""Fixtures for the watch tests: in-process publishers on loopback, a /metrics
+server whose counters grow by a known step each scrape, and a hand-built recording
+whose every derived figure is known."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,49 @@ from kvscope.profiler.watch.publisher import EventPublisher
 from kvscope.profiler.watch.writer import WatchWriter
 
 from support.watch_helpers import A, B, C, D, E, S, new_watch_run
+
+
+class MetricsText:
+    """A /metrics endpoint whose counters move by fixed steps per scrape."""
+
+    def __init__(self) -> None:
+        self.scrapes = 0
+
+    def text(self) -> str:
+        n = self.scrapes
+        self.scrapes += 1
+        return (
+            "# TYPE vllm:prefix_cache_queries_total counter\n"
+            f'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {100.0 * n}\n'
+            f'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {25.0 * n}\n'
+            f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {0.1 * (n % 5)}\n'
+            f'vllm:num_requests_running{{engine="0",model_name="m"}} {n}\n'
+            f'vllm:time_to_first_token_seconds_sum{{engine="0",model_name="m"}} {0.2 * n}\n'
+            f'vllm:time_to_first_token_seconds_count{{engine="0",model_name="m"}} {4.0 * n}\n'
+        )
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[tuple[str, MetricsText]]:
+    metrics = MetricsText()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = metrics.text().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/metrics", metrics
+    server.shutdown()
+    server.server_close()
 
 
 @pytest.fixture

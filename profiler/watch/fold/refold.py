@@ -17,10 +17,10 @@ from kvscope.db.watch_aggregates import (
 from kvscope.profiler.watch.fold.fold import WatchFold
 
 # (run id, block rows folded so far) after each chunk
-Progress = Callable[[int, int], None]
+FoldProgress = Callable[[int, int], None]
 
 
-def fold_run(conn: sqlite3.Connection, run_id: int, progress: Progress | None = None,
+def fold_run(conn: sqlite3.Connection, run_id: int, progress: FoldProgress | None = None,
              chunk: int = 50_000) -> WatchFold:  # fmt: skip
     """The run's state folded from its raw rows, and its aggregates written anew
     (inside the caller's transaction)."""
@@ -41,7 +41,7 @@ def fold_run(conn: sqlite3.Connection, run_id: int, progress: Progress | None = 
     return fold
 
 
-def refold_stale(conn: sqlite3.Connection, progress: Progress | None = None) -> list[int]:
+def refold_stale(conn: sqlite3.Connection, progress: FoldProgress | None = None) -> list[int]:
     """Fold again every run a migration marked stale, each in its own transaction;
     returns those runs."""
     runs = stale_runs(conn)
